@@ -1,0 +1,57 @@
+"""What every communicator shares: a private duplicate of the user's communicator,
+a timeout, ``free()`` and context-manager use."""
+
+from mpi4py import MPI
+
+from . import deadline
+
+
+class Communicator:
+    """Base of the communicators. Owns ``self.comm``, a ``Dup`` of the user's communicator,
+    so mpigossip's messages never match the user's own."""
+
+    _name = "Communicator"
+
+    def __init__(self, comm, timeout):
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"{self._name}: comm must be an mpi4py intracommunicator, got {comm!r}")
+        # Validate the timeout before the collective Dup, so a bad value fails locally at once;
+        # every rank passing the same arguments then raises the same error.
+        self.timeout = deadline.check_timeout(timeout)
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+
+    def _validate(self, error):
+        """Collective: raise the same ``ValueError`` on every rank if any rank has an ``error``.
+        Frees the duplicated communicator first, so a failed constructor leaks nothing."""
+        try:
+            deadline.raise_collectively(self.comm, error, timeout=self.timeout, op=self._name)
+        except ValueError:
+            self.comm.Free()
+            raise
+
+    def _wait(self, requests, op, peer=None):
+        deadline.wait(requests, comm=self.comm, timeout=self.timeout, op=f"{self._name}.{op}", peer=peer)
+
+    @property
+    def closed(self):
+        return self.comm == MPI.COMM_NULL
+
+    def _check_open(self):
+        if self.closed:
+            raise RuntimeError(f"{self._name} has been freed")
+
+    def _free_comm(self):
+        if not self.closed:
+            self.comm.Free()
+
+    def free(self):
+        """Release the MPI resources (collective over the communicator)."""
+        self._free_comm()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()

@@ -1,0 +1,96 @@
+"""AllReduce SGD's exact averaging: ``buf = mean over ranks of buf``, in place."""
+
+from mpi4py import MPI
+
+from . import buffers, deadline, kernels
+from ._base import Communicator
+
+
+class AllreduceAverager(Communicator):
+    """Exact in-place mean of one buffer over ``comm`` (``Allreduce`` / ``Iallreduce`` with SUM).
+
+    Args:
+        buf: numpy array, cupy array or torch tensor; contiguous, same length and dtype on
+            every rank. Updated in place.
+        comm: the communicator (keyword-only).
+        timeout: seconds any wait may take before the job is aborted.
+        cuda_aware: override CUDA-aware MPI detection for device buffers.
+        stage: force (``True``) a host staging copy; default decides from the device.
+
+    ``average()`` blocks; ``start()`` posts a nonblocking ``Iallreduce`` that overlaps
+    with computation until ``wait()``. Do not touch ``buf`` in between.
+    """
+
+    _name = "AllreduceAverager"
+
+    def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None):
+        super().__init__(comm, timeout)
+        try:
+            self.buffer = buffers.check_buffer(buf, comm=self.comm, op=self._name, name="buf",
+                                               timeout=self.timeout)
+        except (TypeError, ValueError):
+            self._free_comm()
+            raise
+        self._transport = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
+        self._request = None
+        self.rounds = 0
+
+    def average(self):
+        """Blocking exact mean.
+
+        All ranks first meet in an ``Ibarrier`` waited on with the deadline, then run the
+        blocking ``Allreduce`` (MPI's tuned algorithms are faster than ``Iallreduce``'s for
+        large buffers); a rank that never arrives is thus caught by the deadline.
+        """
+        self._check_idle()
+        if self.size > 1:
+            deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
+            self._transport.before_send()
+            self.comm.Allreduce(MPI.IN_PLACE, self._transport.spec, MPI.SUM)
+            self._transport.after_recv()
+        self._finish()
+
+    def start(self):
+        """Post the nonblocking ``Iallreduce``; returns at once."""
+        self._check_idle()
+        self._transport.before_send()
+        self._request = self.comm.Iallreduce(MPI.IN_PLACE, self._transport.spec, MPI.SUM)
+
+    def test(self):
+        """Whether the started average has completed (drives progress)."""
+        if self._request is None:
+            raise RuntimeError(f"{self._name}.test(): nothing started")
+        return self._request.Test()
+
+    def wait(self):
+        """Complete the started average and scale by ``1/size``."""
+        if self._request is None:
+            raise RuntimeError(f"{self._name}.wait(): start() was not called")
+        self._wait(self._request, "wait", peer="any (Iallreduce)")
+        self._request = None
+        self._transport.after_recv()
+        self._finish()
+
+    def _finish(self):
+        if self.size > 1:
+            kernels.scale(self.buffer.array, 1.0 / self.size)
+        self.rounds += 1
+
+    def _check_idle(self):
+        self._check_open()
+        if self._request is not None:
+            raise RuntimeError(f"{self._name}: an average is in flight; call wait() first")
+
+    @property
+    def in_flight(self):
+        return self._request is not None
+
+    def free(self):
+        if self._request is not None and not self.closed:
+            self.wait()
+        self._free_comm()
+
+    def __repr__(self):
+        state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
+        return (f"<AllreduceAverager {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
+                f"ranks={self.size} rounds={self.rounds} {state}>")

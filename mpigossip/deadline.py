@@ -1,0 +1,127 @@
+"""Deadlines for every wait, and collective checks that fail the same way on every rank.
+
+Nothing in mpigossip waits forever: each wait polls its requests until a deadline and,
+on expiry, ends the job with ``Abort`` and a message naming the rank, the operation and
+the peer it waited for. Polling (``Testall`` with a short back-off) is also what drives
+progress of nonblocking and one-sided operations in MPIs without a progress thread.
+"""
+
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+#: Environment variable holding the default timeout in seconds.
+TIMEOUT_ENV = "MPIGOSSIP_TIMEOUT"
+_DEFAULT_TIMEOUT = 300.0
+
+
+def default_timeout():
+    """The default deadline of a wait, in seconds (``$MPIGOSSIP_TIMEOUT``, else 300)."""
+    value = os.environ.get(TIMEOUT_ENV)
+    if value is None or value == "":
+        return _DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r} must be > 0")
+    return seconds
+
+
+def check_timeout(timeout):
+    """Validate a ``timeout=`` argument; ``None`` means :func:`default_timeout`."""
+    if timeout is None:
+        return default_timeout()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def abort(comm, message, errorcode=1):
+    """Print ``message`` with this rank's name to stderr and ``Abort`` the job."""
+    text = f"mpigossip: rank {comm.Get_rank()}/{comm.Get_size()}: {message}\n"
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    comm.Abort(errorcode)
+
+
+def wait(requests, *, comm, timeout, op, peer=None):
+    """Wait for all ``requests``; abort the job if they are not done by the deadline.
+
+    Args:
+        requests: one ``MPI.Request`` or a list of them.
+        comm: communicator used to name the rank and to ``Abort``.
+        timeout: seconds to wait.
+        op: name of the operation, for the message (e.g. ``"PushSum.step"``).
+        peer: rank, list of ranks, or a callable ``peer(pending_indices)`` naming
+            whom the unfinished requests wait for.
+    """
+    if isinstance(requests, MPI.Request):
+        requests = [requests]
+    if not requests or MPI.Request.Testall(requests):
+        return
+    deadline = time.monotonic() + timeout
+    pause = 0.0
+    while not MPI.Request.Testall(requests):
+        if time.monotonic() > deadline:
+            pending = [i for i, r in enumerate(requests) if r != MPI.REQUEST_NULL]
+            who = peer(pending) if callable(peer) else peer
+            if isinstance(who, (list, tuple)):
+                who = ", ".join(str(p) for p in who) or "?"
+            suffix = f" waiting for rank {who}" if who is not None else ""
+            abort(comm, f"{op}: timed out after {timeout:g} s{suffix}")
+        if pause:
+            time.sleep(pause)
+        pause = min(1e-3, pause * 2 or 2e-6)
+
+
+def allgather(comm, obj, *, timeout, op):
+    """``comm.allgather(obj)`` for small picklable objects, with a deadline."""
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    counts = np.zeros(comm.Get_size(), dtype=np.int64)
+    wait(comm.Iallgather(np.array([data.size], dtype=np.int64), counts),
+         comm=comm, timeout=timeout, op=f"{op} (allgather)")
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    out = np.empty(int(counts.sum()), dtype=np.uint8)
+    wait(comm.Iallgatherv(data, [out, counts, displs, MPI.BYTE]),
+         comm=comm, timeout=timeout, op=f"{op} (allgather)")
+    return [pickle.loads(out[d:d + c].tobytes()) for d, c in zip(displs, counts)]
+
+
+def barrier(comm, *, timeout, op):
+    """``Barrier`` with a deadline."""
+    wait(comm.Ibarrier(), comm=comm, timeout=timeout, op=f"{op} (barrier)")
+
+
+def raise_collectively(comm, error, *, timeout, op, exc=ValueError):
+    """Collective: raise the same ``exc`` on every rank if any rank passes an error.
+
+    Args:
+        error: this rank's problem as a string, or ``None``.
+
+    Every rank raises with one message listing each rank's problem, so a bad
+    argument on one rank never leaves the others hanging in a later collective.
+    """
+    errors = allgather(comm, error, timeout=timeout, op=op)
+    bad = [(r, e) for r, e in enumerate(errors) if e]
+    if not bad:
+        return
+    # Group ranks that report the same problem, to keep messages short at scale.
+    groups = {}
+    for rank, err in bad:
+        groups.setdefault(err, []).append(rank)
+    parts = [f"rank{'s' if len(r) > 1 else ''} {_ranks(r)}: {e}" for e, r in groups.items()]
+    raise exc(f"{op}: " + "; ".join(parts))
+
+
+def _ranks(ranks):
+    if len(ranks) > 6:
+        return f"{ranks[0]}-{ranks[-1]} ({len(ranks)} ranks)" if ranks == list(
+            range(ranks[0], ranks[-1] + 1)) else ", ".join(map(str, ranks[:6])) + ", ..."
+    return ", ".join(map(str, ranks))

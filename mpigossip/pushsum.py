@@ -1,0 +1,286 @@
+"""PushSum (Stochastic Gradient Push): approximate averaging along a time-varying directed graph.
+
+Each rank holds a numerator ``x`` (the user's buffer, updated in place) and a weight
+``w``. At step k it keeps the share ``p = 1/(d_out+1)`` of ``(x, w)`` and sends the same
+share to each out-peer of the topology at k, then adds what it received. Σx and Σw over
+ranks (plus what is in flight) are conserved; ``z = x / w`` converges to the average.
+
+Two modes:
+
+* ``step()``: synchronous. ``x`` itself is sent (zero-copy) and each receiver scales
+  what it receives by the sender's share, in the same fused pass that combines.
+* ``start()`` ... ``finish()``: overlap (OSGP). ``start()`` splits off the share into a
+  send buffer and posts the sends; ``finish()`` adds whatever has arrived, and blocks only
+  on messages sent ``max_delay`` or more steps ago. Progress comes from ``Test`` calls at
+  step boundaries; there is no background thread.
+"""
+
+from mpi4py import MPI
+
+import numpy as np
+
+from . import buffers, kernels
+from . import topology as topo_mod
+from ._base import Communicator
+
+_TAG_STEPS = 1 << 14  # steps before tags repeat; far more than can ever be in flight
+
+
+def _tag(step, weight=False):
+    return 2 * (step % _TAG_STEPS) + (1 if weight else 0)
+
+
+class _Message:
+    """One expected receive of overlap mode: (x share, w share) from ``src`` sent at ``step``."""
+
+    __slots__ = ("step", "src", "slot", "wbuf", "requests")
+
+    def __init__(self, step, src, slot, wbuf, requests):
+        self.step, self.src, self.slot, self.wbuf, self.requests = step, src, slot, wbuf, requests
+
+
+class PushSum(Communicator):
+    """PushSum gossip on one flat buffer.
+
+    Args:
+        x: the numerator (numpy/cupy/torch, contiguous, same length and dtype on every
+            rank); updated in place.
+        comm: communicator (keyword-only).
+        topology: a :mod:`mpigossip.topology` graph; default ``ExponentialGraph(peers=1)``.
+        max_delay: overlap mode only: a message sent at step k must be consumed by the
+            end of step ``k + max_delay``; ``finish()`` blocks (with timeout) for older ones.
+        weight: initial PushSum weight (1.0).
+        z: optional buffer of x's kind receiving ``x / w`` in the same pass as each combine.
+        timeout: seconds any wait may take before the job is aborted.
+        cuda_aware, stage: see :class:`mpigossip.buffers.Transport`.
+    """
+
+    _name = "PushSum"
+
+    def __init__(self, x, *, comm, topology=None, max_delay=0, weight=1.0, z=None, timeout=None,
+                 cuda_aware=None, stage=None):
+        super().__init__(comm, timeout)
+        error = None
+        try:
+            if topology is None:
+                topology = topo_mod.ExponentialGraph(peers=1)
+            if not isinstance(topology, topo_mod.Topology):
+                raise TypeError(f"topology must be a mpigossip.topology.Topology, got {topology!r}")
+            if topology.allow_self:
+                raise ValueError(f"{topology!r} may send to self; PushSum needs distinct peers")
+            self.topology = topology.bind(self.size)
+            if isinstance(max_delay, bool) or not isinstance(max_delay, int) or max_delay < 0:
+                raise ValueError(f"max_delay must be an integer >= 0, got {max_delay!r}")
+            if not float(weight) > 0:
+                raise ValueError(f"weight must be > 0, got {weight!r}")
+        except (TypeError, ValueError) as exc:
+            error = str(exc)
+        self._validate(error)
+        try:
+            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout)
+            zbuf = None if z is None else buffers.as_buffer(z, name="z")
+            if zbuf is not None and buffers.describe(zbuf) != buffers.describe(self.buffer):
+                raise ValueError(f"{self._name}: z must match x ({self.buffer}), got {zbuf}")
+        except (TypeError, ValueError):
+            self._free_comm()
+            raise
+        self.max_delay = max_delay
+        self.weight = float(weight)
+        self.step_count = 0
+        self._cuda_aware, self._stage = cuda_aware, stage
+        self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
+        self._recv = []        # receive Transports (scratch), grown on demand
+        self._recv_free = []   # indices of free receive slots (overlap mode)
+        self._send = []        # overlap: send Transports
+        self._send_free = []
+        self._sends = []       # overlap: (slot, requests, wbuf) of sends in flight
+        self._pending = []     # overlap: _Message list, oldest first
+        self._consumed = []    # overlap: messages arrived and not yet combined
+        self._zbuf = zbuf
+        self._z_user = z
+        self._started = False
+
+    # ------------------------------------------------------------------ helpers
+    def _new_transport(self):
+        return buffers.Transport(buffers.scratch(self.buffer), stage=self._stage,
+                                 cuda_aware=self._cuda_aware)
+
+    def _recv_slot(self, index):
+        while len(self._recv) <= index:
+            self._recv.append(self._new_transport())
+        return self._recv[index]
+
+    def _share(self, rank, step):
+        return 1.0 / (len(self.topology.out_peers(rank, step)) + 1)
+
+    @property
+    def in_flight(self):
+        """Whether any overlap-mode message is still pending or unsent."""
+        return bool(self._pending or self._consumed or self._sends or self._started)
+
+    # ------------------------------------------------------------------ synchronous
+    def step(self):
+        """One synchronous PushSum round along this step's out-peers."""
+        self._check_open()
+        if self.in_flight:
+            raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
+        k = self.step_count
+        outs = self.topology.out_peers(self.rank, k)
+        ins = self.topology.in_peers(self.rank, k)
+        wrecv = np.zeros(len(ins), dtype=np.float64)
+        wsend = np.array([self.weight], dtype=np.float64)
+        requests, peers = [], []
+        self.buffer.synchronize()  # no device work still reads the receive slots
+        for j, src in enumerate(ins):
+            slot = self._recv_slot(j)
+            requests += [self.comm.Irecv(slot.spec, source=src, tag=_tag(k)),
+                         self.comm.Irecv(wrecv[j:j + 1], source=src, tag=_tag(k, True))]
+            peers += [src, src]
+        self._x.before_send()
+        for dst in outs:
+            requests += [self.comm.Isend(self._x.spec, dest=dst, tag=_tag(k)),
+                         self.comm.Isend(wsend, dest=dst, tag=_tag(k, True))]
+            peers += [dst, dst]
+        self._wait(requests, f"step (step {k})", peer=lambda pending: sorted({peers[i] for i in pending}))
+        recvs = []
+        for j in range(len(ins)):
+            self._recv[j].after_recv()
+            recvs.append(self._recv[j].buffer.array)
+        shares = [self._share(src, k) for src in ins]
+        p = 1.0 / (len(outs) + 1)
+        self.weight = p * self.weight + sum(s * float(wj) for s, wj in zip(shares, wrecv))
+        self._combine(p, recvs, shares)
+        self.step_count += 1
+
+    def _combine(self, self_weight, recvs, weights):
+        z = None if self._zbuf is None else self._zbuf.array
+        kernels.weighted_sum(self.buffer.array, self.buffer.array, self_weight, recvs, weights,
+                             z=z, w=self.weight)
+
+    # ------------------------------------------------------------------ overlap
+    def start(self):
+        """Overlap mode: split off this step's share of (x, w) and post its sends and receives."""
+        self._check_open()
+        if self._started:
+            raise RuntimeError("PushSum.start(): call finish() before the next start()")
+        k = self.step_count
+        outs = self.topology.out_peers(self.rank, k)
+        ins = self.topology.in_peers(self.rank, k)
+        # Receives first, so early senders find them posted.
+        for src in ins:
+            index = self._recv_free.pop() if self._recv_free else len(self._recv)
+            slot = self._recv_slot(index)
+            wbuf = np.zeros(1, dtype=np.float64)
+            reqs = [self.comm.Irecv(slot.spec, source=src, tag=_tag(k)),
+                    self.comm.Irecv(wbuf, source=src, tag=_tag(k, True))]
+            self._pending.append(_Message(k, src, index, wbuf, reqs))
+        p = 1.0 / (len(outs) + 1)
+        if outs:
+            self._progress_sends()
+            while len(self._sends) > self.max_delay + 1:  # bound memory: wait for the oldest send
+                slot, reqs, _, dsts = self._sends[0]
+                self._wait(reqs, f"start (send of step {k})", peer=dsts)
+                self._progress_sends()
+            index = self._send_free.pop() if self._send_free else len(self._send)
+            if index == len(self._send):
+                self._send.append(self._new_transport())
+            send = self._send[index]
+            kernels.split_share(self.buffer.array, send.buffer.array, p)
+            self.weight *= p
+            wbuf = np.array([self.weight], dtype=np.float64)
+            send.before_send()
+            reqs = []
+            for dst in outs:
+                reqs += [self.comm.Isend(send.spec, dest=dst, tag=_tag(k)),
+                         self.comm.Isend(wbuf, dest=dst, tag=_tag(k, True))]
+            self._sends.append((index, reqs, wbuf, outs))
+        self._started = True
+
+    def _progress_sends(self):
+        still = []
+        for entry in self._sends:
+            if MPI.Request.Testall(entry[1]):
+                self._send_free.append(entry[0])
+            else:
+                still.append(entry)
+        self._sends = still
+
+    def _progress_recvs(self, force_before=None, op="finish"):
+        """Move arrived messages to ``_consumed``; wait for those sent at step <= force_before."""
+        still = []
+        for msg in self._pending:
+            if force_before is not None and msg.step <= force_before:
+                self._wait(msg.requests, f"{op} (message of step {msg.step})", peer=msg.src)
+            if MPI.Request.Testall(msg.requests):
+                self._consumed.append(msg)
+            else:
+                still.append(msg)
+        self._pending = still
+
+    def finish(self):
+        """Overlap mode: add every message that has arrived; block only for those
+        sent ``max_delay`` or more steps ago. Ends the step."""
+        self._check_open()
+        if not self._started:
+            raise RuntimeError("PushSum.finish(): start() was not called")
+        k = self.step_count
+        self._progress_sends()
+        self._progress_recvs(force_before=k - self.max_delay)
+        self._consume()
+        self._started = False
+        self.step_count += 1
+
+    def _consume(self):
+        msgs, self._consumed = self._consumed, []
+        recvs = []
+        for msg in msgs:
+            slot = self._recv[msg.slot]
+            slot.after_recv()
+            recvs.append(slot.buffer.array)
+            self.weight += float(msg.wbuf[0])
+        self._combine(1.0, recvs, [1.0] * len(recvs))
+        self._recv_free.extend(msg.slot for msg in msgs)
+
+    def drain(self):
+        """Wait for every message in flight and add it (overlap mode), so that (x, w)
+        hold all the mass. Every rank must have run the same number of steps."""
+        self._check_open()
+        if self._started:
+            raise RuntimeError("PushSum.drain(): call finish() first")
+        if self._pending:
+            self._progress_recvs(force_before=self.step_count, op="drain")
+            self._consume()
+        for slot, reqs, _, dsts in self._sends:
+            self._wait(reqs, "drain (sends)", peer=dsts)
+        self._progress_sends()
+
+    # ------------------------------------------------------------------ results
+    def debiased(self):
+        """``z = x / w`` now, in a buffer of x's kind that is reused across calls."""
+        self._check_open()
+        if self._zbuf is None:
+            self._zbuf = buffers.scratch(self.buffer)
+            self._z_user = self.buffer.like(self._zbuf.array)
+        kernels.debias(self._zbuf.array, self.buffer.array, self.weight)
+        return self._z_user
+
+    @property
+    def z(self):
+        """The de-biased buffer as last written (by ``debiased()`` or a fused combine), or None."""
+        return self._z_user
+
+    def free(self):
+        """Drain what is in flight, then release the communicator (collective)."""
+        if not self.closed:
+            if self._started:
+                self.finish()
+            if self.in_flight:
+                self.drain()
+        self._free_comm()
+
+    def __repr__(self):
+        state = "freed" if self.closed else (
+            f"{len(self._pending)} pending, {len(self._sends)} sending" if self.in_flight else "idle")
+        return (f"<PushSum {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
+                f"{self.size} {self.topology!r} step={self.step_count} weight={self.weight:.6g} "
+                f"max_delay={self.max_delay} {state}>")

@@ -1,0 +1,162 @@
+"""An asynchronous parameter server in one-sided RMA windows (passive target).
+
+The center variable (``size`` elements) is split into contiguous shards held in
+``MPI.Win.Allocate`` windows on ranks ``0 .. servers-1``. Workers open one passive-target
+epoch on every rank (``Lock_all``) and then
+
+* ``push(delta)``: ``Raccumulate(SUM)`` into each shard, then ``Flush``;
+* ``pull(out)``: ``Rget_accumulate(NO_OP)`` from each shard (an atomic read: MPI makes
+  accumulate operations on one element atomic with respect to each other, so a pull
+  never sees a torn element, which a plain ``Get`` racing an ``Accumulate`` may).
+
+Server ranks take no part in either call. A server rank can also be a worker
+(co-located, the default: every rank trains) or dedicated: then it calls :meth:`serve`,
+which only keeps it in MPI until every rank calls :meth:`free`. With Open MPI's
+``Win.Allocate`` windows the target needs no progress calls; with MPIs whose passive
+target progresses only inside MPI calls (MPICH, ``Win.Create``) a dedicated server's
+:meth:`serve` loop provides them.
+"""
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from . import buffers, deadline
+from ._base import Communicator
+
+
+def shard_bounds(size, servers):
+    """``[(lo, hi), ...]``: contiguous, near-equal shards of ``size`` elements over ``servers``."""
+    base, extra = divmod(size, servers)
+    bounds, lo = [], 0
+    for s in range(servers):
+        hi = lo + base + (1 if s < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+class ParameterServer(Communicator):
+    """A center variable in RMA windows, sharded over ``servers`` ranks.
+
+    Args:
+        size: number of elements of the center variable (same on every rank).
+        dtype: ``float32`` or ``float64`` (``float16`` where MPI has it).
+        comm: communicator (keyword-only); collective construction.
+        servers: how many ranks (``0 .. servers-1``) hold shards.
+        init: optional host array of ``size`` elements: each server rank copies its shard
+            from its own ``init`` (pass the same values on every rank); default zeros.
+        timeout: seconds any wait may take before the job is aborted.
+    """
+
+    _name = "ParameterServer"
+
+    def __init__(self, size, dtype, *, comm, servers=1, init=None, timeout=None):
+        super().__init__(comm, timeout)
+        error = None
+        try:
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+                raise ValueError(f"size must be an integer >= 1, got {size!r}")
+            self.dtype = np.dtype(dtype)
+            self.datatype = buffers.mpi_datatype(self.dtype)
+            if isinstance(servers, bool) or not isinstance(servers, int) or not 1 <= servers <= self.size:
+                raise ValueError(f"servers must be an integer in [1, {self.size}] (the world size), got {servers!r}")
+            if servers > size:
+                raise ValueError(f"servers={servers} exceeds size={size}: every shard needs an element")
+            if init is not None:
+                init_buf = buffers.as_buffer(init, name="init")
+                init = init_buf.array.get() if init_buf.on_device else init_buf.array
+                if init.size != size:
+                    raise ValueError(f"init has {init.size} elements, expected size={size}")
+        except (TypeError, ValueError) as exc:
+            error = str(exc)
+        self._validate(error)
+        infos = deadline.allgather(self.comm, (int(size), str(self.dtype), servers),
+                                   timeout=self.timeout, op=self._name)
+        if len(set(infos)) > 1:
+            self._free_comm()
+            raise ValueError(f"{self._name}: (size, dtype, servers) differ across ranks: "
+                             + ", ".join(f"rank {r}: {i}" for r, i in enumerate(infos)))
+        self.size_elements = int(size)
+        self.servers = servers
+        self.bounds = shard_bounds(self.size_elements, servers)
+        self.is_server = self.rank < servers
+        lo, hi = self.bounds[self.rank] if self.is_server else (0, 0)
+        self.win = MPI.Win.Allocate((hi - lo) * self.dtype.itemsize, self.dtype.itemsize, comm=self.comm)
+        self.shard = np.frombuffer(self.win.tomemory(), dtype=self.dtype) if hi > lo else None
+        if self.shard is not None:
+            self.win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
+            self.shard[:] = 0 if init is None else init[lo:hi]
+            self.win.Unlock(self.rank)
+        deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name} init")
+        self.win.Lock_all()
+        self.pushes = 0
+        self.pulls = 0
+        # NO_OP ignores the origin's values, but Open MPI 5 takes the element count from it:
+        # keep a scratch origin as long as the largest shard (origin and result must not alias).
+        self._origin = np.zeros(max(hi - lo for lo, hi in self.bounds), self.dtype)
+
+    def _host(self, obj, name):
+        buf = buffers.as_buffer(obj, name=name)
+        if buf.size != self.size_elements or buf.dtype != self.dtype:
+            raise ValueError(f"{self._name}: {name} must have {self.size_elements} x {self.dtype}, "
+                             f"got {buf.size} x {buf.dtype}")
+        return buf
+
+    def push(self, delta):
+        """``center += delta``, atomically per element; visible to all once this returns."""
+        self._check_open()
+        buf = self._host(delta, "delta")
+        data = buf.array.get() if buf.on_device else buf.array
+        requests = [self.win.Raccumulate([data[lo:hi], self.datatype], s, op=MPI.SUM)
+                    for s, (lo, hi) in enumerate(self.bounds)]
+        self._wait(requests, "push (Raccumulate)", peer=self._pending_servers(requests))
+        for s in range(self.servers):
+            self.win.Flush(s)
+        self.pushes += 1
+
+    def pull(self, out):
+        """Copy the current center into ``out`` (atomic per element)."""
+        self._check_open()
+        buf = self._host(out, "out")
+        host = np.empty(buf.size, self.dtype) if buf.on_device else buf.array
+        requests = [self.win.Rget_accumulate([self._origin[:hi - lo], self.datatype],
+                                             [host[lo:hi], self.datatype], s, op=MPI.NO_OP)
+                    for s, (lo, hi) in enumerate(self.bounds)]
+        self._wait(requests, "pull (Rget_accumulate)", peer=self._pending_servers(requests))
+        if buf.on_device:
+            buf.array.set(host)
+        self.pulls += 1
+        return out
+
+    @staticmethod
+    def _pending_servers(requests):
+        return lambda pending: list(pending)  # request index == server rank
+
+    def serve(self, poll=1e-3):
+        """Dedicated server ranks: stay in MPI (driving passive-target progress) until every
+        rank has called :meth:`free`, then free. No deadline: a server waits for its workers."""
+        self._check_open()
+        request = self.comm.Ibarrier()
+        while not request.Test():
+            time.sleep(poll)
+        self._release()
+
+    def free(self):
+        """Collective: wait (with deadline) for every rank, then release the window."""
+        if self.closed:
+            return
+        deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.free")
+        self._release()
+
+    def _release(self):
+        self.win.Unlock_all()
+        self.win.Free()
+        self._free_comm()
+
+    def __repr__(self):
+        role = "server" if self.is_server else "worker"
+        state = "freed" if self.closed else "open"
+        return (f"<ParameterServer size={self.size_elements} {self.dtype} servers={self.servers} "
+                f"rank={self.rank}/{self.size} ({role}) pushes={self.pushes} pulls={self.pulls} {state}>")
