@@ -133,14 +133,11 @@ def as_buffer(obj, *, name="buffer"):
         if not obj.is_contiguous():
             raise ValueError(f"{name}: torch tensor of shape {tuple(obj.shape)} is not contiguous; "
                              "pass .contiguous() or a flat parameter buffer")
-        if obj.requires_grad and obj.is_leaf:
-            obj_data = obj.detach()
-        else:
-            obj_data = obj
+        data = obj.detach()  # same memory, no autograd
         if obj.device.type == "cuda":
-            array = _cupy().from_dlpack(obj_data.detach())
+            array = _cupy().from_dlpack(data)
         elif obj.device.type == "cpu":
-            array = obj_data.detach().numpy()
+            array = data.numpy()
         else:
             raise ValueError(f"{name}: torch device {obj.device} is not supported (cpu or cuda)")
     else:

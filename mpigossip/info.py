@@ -1,0 +1,107 @@
+"""``python -m mpigossip info``: what this MPI job runs on, gathered from every rank."""
+
+import importlib.metadata
+import json
+import os
+import socket
+import sys
+
+from mpi4py import MPI
+
+import mpigossip
+
+from . import buffers, deadline
+
+_THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                  MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+
+
+def _version(distribution):
+    """Installed version of a distribution, without importing it (torch takes seconds)."""
+    for name in (distribution,) if distribution != "cupy" else ("cupy", "cupy-cuda12x", "cupy-cuda13x"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def gpu_count():
+    """Number of CUDA devices visible to this process (CuPy, else torch if imported), 0 if none."""
+    try:
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            return int(torch.cuda.device_count())
+        except Exception:
+            pass
+    return 0
+
+
+def local_rank(comm):
+    """This rank's index among the ranks on its node (``Split_type(COMM_TYPE_SHARED)``)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def collect(comm=None, *, timeout=60.0):
+    """Collective: a dict with job-wide facts and one entry per rank (every rank gets it)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    ngpu = gpu_count()
+    lrank, lsize = local_rank(comm)
+    aware, source = buffers.cuda_aware()
+    rank_info = {
+        "rank": comm.Get_rank(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "local_rank": lrank,
+        "local_size": lsize,
+        "gpus_visible": ngpu,
+        "gpu": (lrank % ngpu) if ngpu else None,
+    }
+    ranks = deadline.allgather(comm, rank_info, timeout=timeout, op="info")
+    import mpi4py
+    import numpy
+    return {
+        "mpigossip": mpigossip.__version__,
+        "python": sys.version.split()[0],
+        "mpi4py": mpi4py.__version__,
+        "mpi_library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
+        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "cuda_aware_mpi": aware,
+        "cuda_aware_source": source,
+        "numpy": numpy.__version__,
+        "cupy": _version("cupy"),
+        "torch": _version("torch"),
+        "world_size": comm.Get_size(),
+        "ranks": ranks,
+    }
+
+
+def format_text(info):
+    lines = [f"mpigossip {info['mpigossip']} (Python {info['python']}, numpy {info['numpy']}, "
+             f"cupy {info['cupy'] or 'not installed'}, torch {info['torch'] or 'not installed'})",
+             f"mpi4py {info['mpi4py']}, MPI {info['mpi_standard']}: {info['mpi_library']}",
+             f"thread level: {info['thread_level']}; CUDA-aware MPI: "
+             f"{'yes' if info['cuda_aware_mpi'] else 'no'} (from {info['cuda_aware_source']})",
+             f"world size: {info['world_size']}",
+             f"{'rank':>5} {'host':<20} {'local':>5} {'gpus':>5} {'gpu':>4}"]
+    for r in info["ranks"]:
+        gpu = "-" if r["gpu"] is None else str(r["gpu"])
+        lines.append(f"{r['rank']:>5} {r['host']:<20} {r['local_rank']:>5} {r['gpus_visible']:>5} {gpu:>4}")
+    return "\n".join(lines)
+
+
+def main(args):
+    info = collect(MPI.COMM_WORLD)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(json.dumps(info, indent=2) if args.json else format_text(info), flush=True)
+    return 0

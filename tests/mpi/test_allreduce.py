@@ -1,0 +1,88 @@
+import time
+
+import numpy as np
+import pytest
+
+import mpigossip as mg
+
+from .helpers import comm, same_on_all_ranks
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("stage", [None, True])
+def test_blocking_and_nonblocking_exact_mean(dtype, stage):
+    c = comm()
+    n = 1001
+    x = (np.arange(n) * (c.rank + 1)).astype(dtype)
+    expected = np.arange(n) * (c.size + 1) / 2.0
+    with mg.AllreduceAverager(x, comm=c, stage=stage) as avg:
+        avg.average()
+        np.testing.assert_allclose(x, expected, rtol=1e-6)
+        x[:] = (np.arange(n) * (c.rank + 1)).astype(dtype)
+        avg.start()
+        assert avg.in_flight
+        avg.wait()
+        np.testing.assert_allclose(x, expected, rtol=1e-6)
+        assert avg.rounds == 2 and "rounds=2" in repr(avg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_start_returns_before_completion_is_forced():
+    """Rank 0 joins the Iallreduce late: on the others start() must have returned
+    with the request still incomplete (it cannot complete without rank 0)."""
+    c = comm()
+    x = np.full(64, float(c.rank))
+    avg = mg.AllreduceAverager(x, comm=c)
+    flag = np.zeros(1)
+    if c.rank == 0:
+        c.Recv(flag, source=1, tag=99)  # wait until rank 1 has checked
+        avg.start()
+    else:
+        avg.start()
+        assert not avg.test(), "Iallreduce completed without rank 0"
+        if c.rank == 1:
+            c.Send(flag, dest=0, tag=99)
+    avg.wait()
+    assert np.all(x == (c.size - 1) / 2.0)
+    avg.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_different_lengths_raise_same_error_everywhere():
+    c = comm()
+    x = np.zeros(10 + (c.rank == c.size - 1))
+    t0 = time.monotonic()
+    with pytest.raises(ValueError) as err:
+        mg.AllreduceAverager(x, comm=c)
+    assert time.monotonic() - t0 < 30
+    assert "differs across ranks" in str(err.value) and f"rank {c.size - 1}: 11" in str(err.value)
+    assert same_on_all_ranks(c, str(err.value))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_buffer_on_one_rank_raises_everywhere():
+    c = comm()
+    x = np.zeros((4, 4))[:, 0] if c.rank == 1 else np.zeros(4)
+    with pytest.raises(ValueError) as err:
+        mg.AllreduceAverager(x, comm=c)
+    assert "rank 1: buf: array of shape (4,)" in str(err.value) and "not C-contiguous" in str(err.value)
+    assert same_on_all_ranks(c, str(err.value))
+    y = np.zeros(4, dtype=np.float32 if c.rank == 0 else np.float64)
+    with pytest.raises(ValueError, match="differs across ranks"):
+        mg.AllreduceAverager(y, comm=c)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_misuse():
+    c = comm()
+    avg = mg.AllreduceAverager(np.zeros(3), comm=c)
+    with pytest.raises(RuntimeError, match="start"):
+        avg.wait()
+    avg.start()
+    with pytest.raises(RuntimeError, match="in flight"):
+        avg.average()
+    avg.free()  # completes the average in flight first
+    assert "freed" in repr(avg)
+    with pytest.raises(ValueError, match="timeout"):
+        mg.AllreduceAverager(np.zeros(3), comm=c, timeout=0)

@@ -1,0 +1,165 @@
+import random
+import time
+
+import numpy as np
+import pytest
+
+import mpigossip as mg
+from mpigossip import topology as T
+
+from .helpers import comm, consensus_distance, global_sum, same_on_all_ranks
+
+
+def integer_data(c, n=257):
+    rng = np.random.default_rng(100 + c.rank)
+    return rng.integers(-1000, 1000, n).astype(np.float64)
+
+
+def topologies(size):
+    out = [T.ExponentialGraph(peers=1), T.RingGraph(), T.RandomPeers(peers=1, seed=7)]
+    if size >= 4:
+        out.append(T.ExponentialGraph(peers=2) if size < 5 else T.ExponentialGraph(peers=3))
+    return out
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("index", range(4))
+def test_sync_step_conserves_sum_x_and_sum_w_exactly(index):
+    """Shares 1/2 (and 1/4) are exact in float64: any drift is a lost or double-counted message."""
+    c = comm()
+    topos = topologies(c.size)
+    if index >= len(topos):
+        pytest.skip("topology needs more ranks")
+    topo = topos[index]
+    share = 1.0 / (len(topo.bind(c.size).out_peers(0, 0)) + 1)
+    if share not in (1.0, 0.5, 0.25):
+        pytest.skip("shares not dyadic at this size: arithmetic not exact")
+    x = integer_data(c)
+    total = global_sum(c, x)
+    ps = mg.PushSum(x, comm=c, topology=topo)
+    # Each step adds log2(1/share) bits to the denominators: stay within float64's 53 bits.
+    for _ in range(24 if share == 0.5 else 12):
+        ps.step()
+        assert np.array_equal(global_sum(c, x), total), f"sum x drifted at step {ps.step_count}"
+        assert c.allreduce(ps.weight) == c.size
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_non_regular_graph_weights_vary_and_z_is_correct():
+    c = comm()
+    x = integer_data(c)
+    mean = global_sum(c, x) / c.size
+    ps = mg.PushSum(x, comm=c, topology=T.RandomPeers(peers=1, seed=11))
+    weights = set()
+    for _ in range(60):
+        ps.step()
+        weights.add(round(ps.weight, 12))
+    assert len(set().union(*c.allgather(weights))) > 1, "w never changed on a non-regular graph"
+    np.testing.assert_allclose(ps.debiased(), mean, rtol=1e-6, atol=1e-6)
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_exact_average_after_log2_steps_on_power_of_two():
+    c = comm()
+    if c.size & (c.size - 1):
+        pytest.skip("world size is not a power of two")
+    x = integer_data(c)
+    mean = global_sum(c, x) / c.size
+    z = np.zeros_like(x)
+    ps = mg.PushSum(x, comm=c, topology=T.ExponentialGraph(peers=1), z=z)
+    for _ in range(c.size.bit_length() - 1):
+        ps.step()
+    assert ps.z is z
+    assert np.array_equal(z, mean)  # fused de-bias of the last combine
+    assert np.array_equal(ps.debiased(), mean)
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_consensus_distance_falls_geometrically():
+    c = comm()
+    x = integer_data(c)
+    ps = mg.PushSum(x, comm=c, topology=T.ExponentialGraph(peers=1))
+    d0 = consensus_distance(c, ps.debiased())
+    for _ in range(30):
+        ps.step()
+    d30 = consensus_distance(c, ps.debiased())
+    assert d30 < 1e-6 * d0
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("max_delay", [0, 1, 3])
+def test_overlap_with_random_delays_conserves_mass_after_drain(max_delay):
+    c = comm()
+    x = integer_data(c)
+    total = global_sum(c, x)
+    ps = mg.PushSum(x, comm=c, topology=T.ExponentialGraph(peers=1), max_delay=max_delay)
+    rng = random.Random(c.rank)
+    for _ in range(40):
+        ps.start()
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 0.004)  # a slow step
+        ps.finish()
+        x -= 0.0  # the gradient step would go here
+    ps.drain()
+    assert not ps.in_flight
+    assert np.array_equal(global_sum(c, x), total)
+    assert c.allreduce(ps.weight) == c.size
+    for _ in range(40):  # then converge without delays
+        ps.start()
+        ps.finish()
+    ps.drain()
+    np.testing.assert_allclose(ps.debiased(), total / c.size, rtol=1e-9, atol=1e-9)
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_overlap_consumes_late_messages_within_the_bound():
+    """Rank 0 sleeps at every step: the others run ahead, but never more than max_delay."""
+    c = comm()
+    x = integer_data(c)
+    total = global_sum(c, x)
+    ps = mg.PushSum(x, comm=c, topology=T.RingGraph(), max_delay=2)
+    for _ in range(10):
+        ps.start()
+        if c.rank == 0:
+            time.sleep(0.01)
+        ps.finish()
+        assert all(m.step >= ps.step_count - 2 for m in ps._pending)
+    ps.drain()
+    assert np.array_equal(global_sum(c, x), total)
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_step_while_in_flight_and_bad_arguments():
+    c = comm()
+    x = np.zeros(8)
+    ps = mg.PushSum(x, comm=c, max_delay=1)
+    ps.start()
+    with pytest.raises(RuntimeError, match="finish"):
+        ps.start()
+    ps.finish()
+    ps.free()
+    with pytest.raises(ValueError) as err:
+        mg.PushSum(x, comm=c, topology=T.ExponentialGraph(peers=c.size + 1))
+    assert "needs at least" in str(err.value) and same_on_all_ranks(c, str(err.value))
+    with pytest.raises(ValueError, match="max_delay"):
+        mg.PushSum(x, comm=c, max_delay=-1)
+    with pytest.raises(ValueError, match="differs across ranks"):
+        mg.PushSum(np.zeros(8 + c.rank), comm=c)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_low_precision_and_staged(dtype):
+    c = comm()
+    x = np.full(100, float(c.rank), dtype=dtype)
+    ps = mg.PushSum(x, comm=c, topology=T.CompleteGraph(), stage=True)
+    ps.step()
+    np.testing.assert_allclose(ps.debiased().astype(np.float64), (c.size - 1) / 2, rtol=1e-2)
+    assert ps.debiased().dtype == dtype
+    ps.free()

@@ -1,0 +1,131 @@
+"""Kernels: numpy path against reference formulas; CUDA source compiled by nvcc; CuPy vs numpy on a GPU."""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from mpigossip import kernels
+
+DTYPES = [np.float32, np.float64]
+LENGTHS = [1, 7, 1001]
+
+
+def rng_arrays(n, count, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(n).astype(dtype) for _ in range(count)]
+
+
+def tol(dtype):
+    return {np.float16: 2e-3, np.float32: 1e-6, np.float64: 1e-14}[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [np.float16])
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("k", range(5))
+@pytest.mark.parametrize("in_place", [True, False])
+def test_weighted_sum_matches_reference(dtype, n, k, in_place):
+    x, *recvs = rng_arrays(n, k + 1, dtype, seed=k)
+    weights = [0.5 / (j + 1) for j in range(k)]
+    self_w = 1.0 / (k + 1)
+    ref = self_w * x.astype(np.float64) + sum(w * r.astype(np.float64) for w, r in zip(weights, recvs))
+    out = x if in_place else np.empty_like(x)
+    z = np.empty_like(x)
+    kernels.weighted_sum(out, x, self_w, [r.copy() for r in recvs], weights, z=z, w=0.75)
+    np.testing.assert_allclose(out, ref, rtol=tol(dtype) * 10, atol=tol(dtype) * 10)
+    np.testing.assert_allclose(z, out.astype(np.float64) / 0.75, rtol=tol(dtype) * 10, atol=tol(dtype) * 10)
+    assert out.dtype == dtype
+
+
+def test_weighted_sum_is_exact_on_dyadic_data():
+    x = np.arange(11, dtype=np.float64)
+    r = np.arange(11, dtype=np.float64)[::-1].copy()
+    kernels.weighted_sum(x, x, 0.5, [r], [0.5])
+    assert np.array_equal(x, np.full(11, 5.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_split_share_debias_elastic_scale(dtype, n):
+    x, c = rng_arrays(n, 2, dtype)
+    x0, c0 = x.astype(np.float64), c.astype(np.float64)
+    send = np.empty_like(x)
+    kernels.split_share(x, send, 1 / 3)
+    np.testing.assert_allclose(x, x0 / 3, rtol=tol(dtype) * 4)
+    assert np.array_equal(send, x)
+    z = np.empty_like(x)
+    kernels.debias(z, x, 1 / 3)
+    np.testing.assert_allclose(z, x0, rtol=tol(dtype) * 10, atol=tol(dtype) * 10)
+    x = x0.astype(dtype)
+    kernels.elastic(x, c, 0.25)
+    u = 0.25 * (x0 - c0)
+    np.testing.assert_allclose(c, u, rtol=tol(dtype) * 10, atol=tol(dtype) * 10)
+    np.testing.assert_allclose(x, x0 - u, rtol=tol(dtype) * 10, atol=tol(dtype) * 10)
+    kernels.scale(x, 2.0)
+    np.testing.assert_allclose(x, 2 * (x0 - u), rtol=tol(dtype) * 10, atol=tol(dtype) * 10)
+
+
+def test_elastic_conserves_mass_exactly():
+    x = np.arange(16, dtype=np.float64)
+    c = np.full(16, 3.0)
+    total = x + c
+    kernels.elastic(x, c, 0.5)  # c now holds u; the center becomes 3 + u
+    assert np.array_equal(x + (3.0 + c), total)
+
+
+def test_operand_checks():
+    with pytest.raises(ValueError, match="differ"):
+        kernels.weighted_sum(np.zeros(3), np.zeros(4), 1.0)
+    with pytest.raises(ValueError, match="weights"):
+        kernels.weighted_sum(np.zeros(3), np.zeros(3), 1.0, [np.zeros(3)], [])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+def test_cuda_source_compiles_with_nvcc(tmp_path):
+    inst = "".join(f"(void*)&{k}<{t}>, " for k in kernels.KERNEL_NAMES for t in ("float", "double", "__half"))
+    src = tmp_path / "check.cu"
+    src.write_text(f'#include "{kernels.CUDA_SOURCE_PATH}"\nvoid* all_kernels[] = {{{inst}}};\n')
+    proc = subprocess.run(["nvcc", "--std=c++14", "-c", str(src), "-o", str(tmp_path / "check.o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _gpu_available():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+gpu = pytest.mark.skipif(not _gpu_available(), reason="no CUDA GPU (or CuPy) on this machine: GPU path untested here")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES + [np.float16])
+@pytest.mark.parametrize("k", range(5))
+def test_cupy_kernels_match_numpy(dtype, k):
+    import cupy
+    n = 100003
+    x, c, *recvs = rng_arrays(n, k + 2, dtype, seed=k)
+    weights = [1.0 / (k + 1)] * k
+    ref_out, ref_z = x.copy(), np.empty_like(x)
+    kernels.weighted_sum(ref_out, ref_out, 1.0 / (k + 1), [r.copy() for r in recvs], weights, z=ref_z, w=0.5)
+    gx, gz = cupy.asarray(x), cupy.empty(n, dtype)
+    kernels.weighted_sum(gx, gx, 1.0 / (k + 1), [cupy.asarray(r) for r in recvs], weights, z=gz, w=0.5)
+    t = tol(dtype) * 100
+    np.testing.assert_allclose(gx.get(), ref_out, rtol=t, atol=t)
+    np.testing.assert_allclose(gz.get(), ref_z, rtol=t, atol=t)
+    hx, hc = x.copy(), c.copy()
+    kernels.elastic(hx, hc, 0.3)
+    dx, dc = cupy.asarray(x), cupy.asarray(c)
+    kernels.elastic(dx, dc, 0.3)
+    np.testing.assert_allclose(dx.get(), hx, rtol=t, atol=t)
+    np.testing.assert_allclose(dc.get(), hc, rtol=t, atol=t)
+    send = cupy.empty_like(dx)
+    kernels.split_share(dx, send, 0.5)
+    assert cupy.array_equal(dx, send)
+    kernels.debias(gz, dx, 0.5)
+    kernels.scale(dx, 2.0)
+    np.testing.assert_allclose(gz.get(), dx.get(), rtol=t, atol=t)

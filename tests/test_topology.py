@@ -1,0 +1,149 @@
+"""Topologies at every world size 1..64, without MPI."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from mpigossip import topology as T
+
+SIZES = range(1, 65)
+
+
+def graphs(n):
+    """Every graph that can be bound to n ranks, with a name for messages."""
+    out = [T.ExponentialGraph(peers=1), T.RingGraph(), T.RingGraph(bidirectional=True),
+           T.CompleteGraph(), T.RandomPeers(peers=1, seed=3)]
+    for peers in (2, 3):
+        if n == 1 or peers <= (n - 1).bit_length():
+            out.append(T.ExponentialGraph(peers=peers))
+        if n > peers:
+            out.append(T.RandomPeers(peers=peers, seed=5))
+    if n % 2 == 0 or n == 1:
+        out.append(T.BipartiteExponentialGraph(peers=1))
+    return [g.bind(n) for g in out]
+
+
+def steps_to_check(g):
+    return range(g.period + 1 if g.period else 8)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_in_out_consistent_and_column_stochastic(n):
+    for g in graphs(n):
+        for k in steps_to_check(g):
+            outs = [g.out_peers(r, k) for r in range(n)]
+            for r in range(n):
+                assert len(set(outs[r])) == len(outs[r]), (g, k, r)
+                assert r not in outs[r], (g, k, r)
+                assert all(0 <= p < n for p in outs[r])
+                ins = g.in_peers(r, k)
+                assert ins == sorted(s for s in range(n) if r in outs[s]), (g, k, r)
+                self_w, peer_w = g.mixing_weights(r, k)
+                assert set(peer_w) == set(outs[r])
+                assert abs(self_w + sum(peer_w.values()) - 1.0) < 1e-12
+            P = g.mixing_matrix(k)
+            for src in range(n):
+                assert sum(P[dst][src] for dst in range(n)) == Fraction(1), (g, k, src)
+
+
+def _strongly_connected(n, edges):
+    def reach(adj):
+        seen, todo = {0}, [0]
+        while todo:
+            for v in adj[todo.pop()]:
+                if v not in seen:
+                    seen.add(v)
+                    todo.append(v)
+        return len(seen) == n
+    fwd = {v: set() for v in range(n)}
+    bwd = {v: set() for v in range(n)}
+    for a, b in edges:
+        fwd[a].add(b)
+        bwd[b].add(a)
+    return reach(fwd) and reach(bwd)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_union_over_a_period_is_strongly_connected(n):
+    for g in graphs(n):
+        window = g.period if g.period else 4 * n + 8
+        edges = {(r, p) for k in range(window) for r in range(n) for p in g.out_peers(r, k)}
+        assert _strongly_connected(n, edges), g
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_deterministic(n):
+    for g in graphs(n):
+        again = type(g)(**g._params()).bind(n)
+        for k in range(10):
+            for r in range(n):
+                assert g.out_peers(r, k) == again.out_peers(r, k)
+                assert g.in_peers(r, k) == again.in_peers(r, k)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64])
+def test_exponential_power_of_two_is_exact_average_after_log2_steps(n):
+    g = T.ExponentialGraph(peers=1).bind(n)
+    steps = n.bit_length() - 1
+    M = np.eye(n)  # entries are dyadic: float64 products are exact here
+    for k in range(steps):
+        M = np.array(g.mixing_matrix(k), dtype=np.float64) @ M
+    assert np.array_equal(M, np.full((n, n), 1.0 / n))
+
+
+def test_exponential_hops_cycle():
+    g = T.ExponentialGraph(peers=1).bind(8)
+    assert [g.hops(k) for k in range(4)] == [[1], [2], [4], [1]]
+    assert g.out_peers(5, 1) == [7] and g.in_peers(5, 2) == [1]
+    g2 = T.ExponentialGraph(peers=2).bind(9)  # hops 1, 2, 4, 8
+    assert g2.hops(0) == [1, 2] and g2.hops(1) == [4, 8]
+
+
+def test_world_size_one_has_no_peers():
+    for g in graphs(1):
+        assert g.out_peers(0, 0) == [] and g.in_peers(0, 0) == []
+        assert g.mixing_weights(0, 0) == (1.0, {})
+
+
+def test_bipartite_edges_join_parities():
+    g = T.BipartiteExponentialGraph(peers=2).bind(16)
+    for k in range(g.period):
+        for r in range(16):
+            assert all((r + p) % 2 == 1 for p in g.out_peers(r, k))
+
+
+def test_random_peers_varies_in_degree_and_allows_self_when_asked():
+    g = T.RandomPeers(peers=1, seed=0).bind(8)
+    degrees = {len(g.in_peers(r, k)) for k in range(20) for r in range(8)}
+    assert len(degrees) > 1  # not regular
+    s = T.RandomPeers(peers=1, seed=0, allow_self=True).bind(4)
+    assert any(s.out_peers(r, k) == [r] for k in range(50) for r in range(4))
+
+
+@pytest.mark.parametrize("make, n, match", [
+    (lambda: T.ExponentialGraph(peers=3), 4, "needs at least 5 ranks"),
+    (lambda: T.BipartiteExponentialGraph(), 5, "even world size"),
+    (lambda: T.RandomPeers(peers=4), 4, "needs at least 5 ranks"),
+])
+def test_too_few_ranks_is_a_clear_error(make, n, match):
+    with pytest.raises(ValueError, match=match):
+        make().bind(n)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_bad_world_size(bad):
+    with pytest.raises(ValueError, match="world size"):
+        T.RingGraph().bind(bad)
+
+
+def test_bad_arguments_and_unbound_use():
+    with pytest.raises(ValueError, match="peers"):
+        T.ExponentialGraph(peers=0)
+    with pytest.raises(ValueError, match="not bound"):
+        T.ExponentialGraph().out_peers(0, 0)
+    with pytest.raises(ValueError, match="unknown topology"):
+        T.make("torus")
+    with pytest.raises(ValueError, match="outside"):
+        T.RingGraph(size=4).out_peers(4, 0)
+    assert isinstance(T.make("random", peers=2, seed=1), T.RandomPeers)
