@@ -1,0 +1,30 @@
+"""Elastic Averaging SGD over the one-sided parameter server (and async SGD with --async).
+    mpigossip-mpiexec -n 4 python examples/easgd.py [--async]"""
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import mpigossip as mg
+from _problem import LeastSquares
+
+comm = MPI.COMM_WORLD
+problem = LeastSquares(comm)
+x = np.zeros(problem.dim)
+with mg.ParameterServer(problem.dim, np.float64, comm=comm, servers=1, init=x) as server:
+    if "--async" in sys.argv:
+        worker = mg.AsyncSGD(x, server)
+        for step in range(300):
+            worker.step(-0.05 / comm.size * problem.gradient(x))  # push -lr*g, pull the center
+    else:
+        worker = mg.ElasticAveraging(x, server, beta=0.5, tau=4)
+        for step in range(600):
+            x -= 0.05 * problem.gradient(x)
+            worker.step()
+    comm.Barrier()
+    center = server.pull(np.empty_like(x))
+error = problem.error(center)
+if comm.rank == 0:
+    print(f"{'async sgd' if '--async' in sys.argv else 'easgd'}: center relative error {error:.4f}")
+assert error < 0.1

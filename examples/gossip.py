@@ -1,0 +1,24 @@
+"""Gossiping SGD (Jin et al.), pull or push, every tau steps.
+    mpigossip-mpiexec -n 4 python examples/gossip.py [pull|push]"""
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import mpigossip as mg
+from _problem import LeastSquares
+
+comm = MPI.COMM_WORLD
+mode = sys.argv[1] if len(sys.argv) > 1 else "pull"
+problem = LeastSquares(comm)
+x = np.zeros(problem.dim)
+with mg.Gossip(x, comm=comm, mode=mode, seed=0, tau=1) as gossip:
+    for step in range(400):
+        x -= 0.05 * problem.gradient(x)
+        gossip.step()
+    comm.Barrier()
+error = problem.error(x)
+if comm.rank == 0:
+    print(f"gossip {mode}: relative error {error:.4f}")
+assert error < 0.1

@@ -1,0 +1,114 @@
+import numpy as np
+import pytest
+
+import mpigossip as mg
+
+from .helpers import comm, global_sum, same_on_all_ranks
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("servers", [1, 2, 3])
+def test_thousands_of_accumulates_give_the_exact_sum(servers):
+    c = comm()
+    if servers > c.size:
+        pytest.skip("more servers than ranks")
+    n, pushes = 1001, 2000
+    srv = mg.ParameterServer(n, np.float64, comm=c, servers=servers)
+    delta = np.arange(n, dtype=np.float64) % 7 + c.rank
+    for _ in range(pushes):
+        srv.push(delta)
+    c.Barrier()
+    out = np.empty(n)
+    srv.pull(out)
+    expected = global_sum(c, delta) * pushes
+    assert np.array_equal(out, expected)
+    assert srv.pushes == pushes and "pushes=2000" in repr(srv)
+    srv.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_pull_never_returns_a_torn_element():
+    """Workers add 1.0 to every element while rank 0 pulls; each element read must be an
+    integer count in range: a torn double would not be."""
+    c = comm()
+    n, pushes = 4096, 300
+    srv = mg.ParameterServer(n, np.float64, comm=c, servers=min(2, c.size),
+                             init=np.full(n, 2.0 ** 40))
+    total = 2.0 ** 40 + pushes * (c.size - 1)
+    out = np.empty(n)
+    if c.rank == 0:
+        for _ in range(pushes):
+            srv.pull(out)
+            assert np.all(out == np.floor(out)) and out.min() >= 2.0 ** 40 and out.max() <= total
+    else:
+        ones = np.ones(n)
+        for _ in range(pushes):
+            srv.push(ones)
+    c.Barrier()
+    srv.pull(out)
+    assert np.all(out == total)
+    srv.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_easgd_conserves_mass_and_converges():
+    c = comm()
+    n = 64
+    x = np.full(n, float(4 * c.rank))  # dyadic data, beta = 1/2: exact arithmetic
+    center0 = np.full(n, 1.0)
+    srv = mg.ParameterServer(n, np.float64, comm=c, servers=1, init=center0)
+    total = global_sum(c, x) + center0
+    ea = mg.ElasticAveraging(x, srv, beta=0.5, tau=2)
+    # Every exchange, by anyone, may halve the center's denominator: keep the total number
+    # of exchanges within float64's 53 bits so that any drift is a real loss of mass.
+    exchanges = max(2, 40 // c.size)
+    for _ in range(2 * exchanges):
+        ea.step()  # no gradient: pure elastic averaging
+    c.Barrier()
+    center = srv.pull(np.empty(n))
+    assert np.array_equal(global_sum(c, x) + center, total), "elastic exchange lost mass"
+    assert ea.exchanges == exchanges
+    for _ in range(200):  # in lockstep, so that no worker stops while others still pull
+        ea.step()
+        c.Barrier()
+    center = srv.pull(np.empty(n))
+    spread = max(c.allgather(float(np.abs(x - center).max())))
+    assert spread < 1e-3 * float(np.abs(total).max())
+    np.testing.assert_allclose(center, total / (c.size + 1), rtol=1e-3)
+    srv.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_dedicated_server_and_async_sgd():
+    c = comm()
+    n = 32
+    srv = mg.ParameterServer(n, np.float32, comm=c, servers=1)
+    if c.rank == 0:
+        assert srv.is_server
+        srv.serve()  # dedicated: stays in MPI until the workers free
+        return
+    x = np.zeros(n, np.float32)
+    worker = mg.AsyncSGD(x, srv)
+    for _ in range(10):
+        worker.step(np.full(n, -0.5, np.float32))  # e.g. -lr * grad
+    assert x.min() <= -5.0  # at least its own 10 pushes are in the center it pulled
+    srv.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_arguments_raise_everywhere():
+    c = comm()
+    with pytest.raises(ValueError) as err:
+        mg.ParameterServer(10, np.float64, comm=c, servers=c.size + 1)
+    assert "servers must be" in str(err.value) and same_on_all_ranks(c, str(err.value))
+    with pytest.raises(ValueError, match="differ across ranks"):
+        mg.ParameterServer(10 + c.rank, np.float64, comm=c)
+    srv = mg.ParameterServer(10, np.float64, comm=c)
+    for beta in (0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="beta"):
+            mg.ElasticAveraging(np.zeros(10), srv, beta=beta)
+    with pytest.raises(ValueError, match="tau"):
+        mg.ElasticAveraging(np.zeros(10), srv, tau=0)
+    with pytest.raises(ValueError, match="server holds"):
+        mg.ElasticAveraging(np.zeros(11), srv)
+    srv.free()
