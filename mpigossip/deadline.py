@@ -17,6 +17,7 @@ from mpi4py import MPI
 #: Environment variable holding the default timeout in seconds.
 TIMEOUT_ENV = "MPIGOSSIP_TIMEOUT"
 _DEFAULT_TIMEOUT = 300.0
+_SPIN = 0.05  # seconds of polling with only a yield between polls, before backing off
 
 
 def default_timeout():
@@ -66,19 +67,24 @@ def wait(requests, *, comm, timeout, op, peer=None):
         requests = [requests]
     if not requests or MPI.Request.Testall(requests):
         return
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    spin_until = start + _SPIN
     pause = 0.0
     while not MPI.Request.Testall(requests):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             pending = [i for i, r in enumerate(requests) if r != MPI.REQUEST_NULL]
             who = peer(pending) if callable(peer) else peer
             if isinstance(who, (list, tuple)):
                 who = ", ".join(str(p) for p in who) or "?"
             suffix = f" waiting for rank {who}" if who is not None else ""
             abort(comm, f"{op}: timed out after {timeout:g} s{suffix}")
-        if pause:
+        if now < spin_until:
+            time.sleep(0)  # yield the core (ranks may outnumber cores), then poll again
+        else:  # a long wait: back off to at most 1 ms between polls
+            pause = min(1e-3, pause * 2 or 1e-5)
             time.sleep(pause)
-        pause = min(1e-3, pause * 2 or 2e-6)
 
 
 def allgather(comm, obj, *, timeout, op):

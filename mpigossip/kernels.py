@@ -2,8 +2,8 @@
 
 Each function takes 1-D contiguous arrays of one module and dtype. On the GPU each is
 one pass of a fused CUDA kernel (``cuda/kernels.cu``, compiled once per process with
-CuPy's NVRTC); on the CPU it is a few in-place numpy ufunc calls with ``out=`` and no
-full-size temporaries. Receive buffers passed to :func:`weighted_sum` are scratch: the
+CuPy's NVRTC); on the CPU it is a few in-place numpy ufunc calls with ``out=``, run block
+by block so that each block stays in cache (one pass over memory, no temporaries). Receive buffers passed to :func:`weighted_sum` are scratch: the
 CPU path may scale them in place.
 """
 
@@ -71,6 +71,16 @@ def _device_array(values, dtype, device_id):
 # --------------------------------------------------------------------------------- kernels
 
 
+#: Elements per block of the CPU path: the operands of one block stay in L2 cache, so a
+#: sequence of numpy ufuncs over a block costs one pass over main memory, like a fused kernel.
+CPU_BLOCK = 1 << 15
+
+
+def _blocks(n):
+    for lo in range(0, n, CPU_BLOCK):
+        yield slice(lo, min(lo + CPU_BLOCK, n))
+
+
 def weighted_sum(out, x, self_weight, recvs=(), weights=(), *, z=None, w=1.0):
     """``out = self_weight * x + sum_j weights[j] * recvs[j]``; if ``z`` is given, also ``z = out / w``.
 
@@ -82,13 +92,16 @@ def weighted_sum(out, x, self_weight, recvs=(), weights=(), *, z=None, w=1.0):
         raise ValueError(f"{len(recvs)} receive buffers but {len(weights)} weights")
     _check(out, x, *recvs, *(() if z is None else (z,)))
     if _is_numpy(x):
-        np.multiply(x, self_weight, out=out)
-        for r, wt in zip(recvs, weights):
-            if wt != 1.0:
-                np.multiply(r, wt, out=r)
-            np.add(out, r, out=out)
-        if z is not None:
-            np.divide(out, w, out=z)
+        for b in _blocks(x.size):
+            ob = out[b]
+            np.multiply(x[b], self_weight, out=ob)
+            for r, wt in zip(recvs, weights):
+                rb = r[b]
+                if wt != 1.0:
+                    np.multiply(rb, wt, out=rb)
+                np.add(ob, rb, out=ob)
+            if z is not None:
+                np.divide(ob, w, out=z[b])
         return out
     ptrs = _device_array(tuple(r.data.ptr for r in recvs) or (0,), np.uint64, x.device.id)
     wts = _device_array(tuple(weights) or (0.0,), np.float64, x.device.id)
@@ -101,8 +114,9 @@ def split_share(x, send, p):
     """PushSum share for overlap mode: ``x = p * x`` and ``send = p * x`` (the same values)."""
     _check(x, send)
     if _is_numpy(x):
-        np.multiply(x, p, out=x)
-        np.copyto(send, x)
+        for b in _blocks(x.size):
+            np.multiply(x[b], p, out=x[b])
+            np.copyto(send[b], x[b])
     else:
         _launch("split_share", x, (x, send, np.float64(p)))
 
@@ -121,9 +135,11 @@ def elastic(x, center, beta):
     """Elastic step: ``u = beta * (x - center)``, written into ``center``; then ``x -= u``."""
     _check(x, center)
     if _is_numpy(x):
-        np.subtract(x, center, out=center)
-        np.multiply(center, beta, out=center)
-        np.subtract(x, center, out=x)
+        for b in _blocks(x.size):
+            cb, xb = center[b], x[b]
+            np.subtract(xb, cb, out=cb)
+            np.multiply(cb, beta, out=cb)
+            np.subtract(xb, cb, out=xb)
     else:
         _launch("elastic", x, (x, center, np.float64(beta)))
     return center
