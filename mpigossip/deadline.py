@@ -68,6 +68,21 @@ def wait(requests, *, comm, timeout, op, peer=None):
     if not requests or MPI.Request.Testall(requests):
         return
     start = time.monotonic()
+    try:
+        _poll(requests, comm, timeout, op, peer, start)
+    finally:
+        waited[0] += time.monotonic() - start
+
+
+def waited_seconds():
+    """Total seconds this process has spent blocked in :func:`wait` (for metrics)."""
+    return waited[0]
+
+
+waited = [0.0]
+
+
+def _poll(requests, comm, timeout, op, peer, start):
     deadline = start + timeout
     spin_until = start + _SPIN
     pause = 0.0

@@ -114,6 +114,11 @@ class PushSum(Communicator):
         return 1.0 / (len(self.topology.out_peers(rank, step)) + 1)
 
     @property
+    def started(self):
+        """Whether ``start()`` was called and ``finish()`` not yet."""
+        return self._started
+
+    @property
     def in_flight(self):
         """Whether any overlap-mode message is still pending or unsent."""
         return bool(self._pending or self._consumed or self._sends or self._started)

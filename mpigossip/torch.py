@@ -1,0 +1,362 @@
+"""torch adapter: a model's parameters in flat buffers, and one wrapper per algorithm.
+
+:class:`FlatParameters` moves a model's parameters into one contiguous buffer per
+(device, dtype) group and makes each parameter a view of it, so one message carries a
+whole group. Every wrapper has the same contract::
+
+    algo = mpigossip.torch.SGP(model, comm=comm)
+    for batch in data:
+        loss = criterion(model(inputs), targets)
+        optimizer.zero_grad(); loss.backward(); optimizer.step()
+        algo.step()
+
+Create the wrapper before the optimizer: flattening re-points ``param.data`` (the
+``Parameter`` objects the optimizer holds stay the same, so either order works, but an
+optimizer that cached tensors of its own, e.g. fused state, must be built afterwards).
+Wrappers work with any torch optimizer; they see only the parameters.
+"""
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from . import buffers, kernels
+from . import topology as topo_mod
+from .allreduce import AllreduceAverager
+from .elastic import AsyncSGD as _AsyncWorker
+from .elastic import ElasticAveraging
+from .gossip import Gossip
+from .pushsum import PushSum
+from .server import ParameterServer
+
+ALGORITHMS = ("allreduce", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp")
+
+
+class FlatParameters:
+    """Parameters of ``module`` as views of flat buffers, one per (device, dtype) group.
+
+    Attributes:
+        groups: list of flat 1-D tensors (contiguous), in a deterministic order.
+        arrays: numpy/cupy views of ``groups`` (zero-copy), for communicators and kernels.
+    """
+
+    def __init__(self, module):
+        params = [p for p in module.parameters()]
+        if not params:
+            raise ValueError("the model has no parameters")
+        keyed = {}
+        for p in params:
+            keyed.setdefault((str(p.device), p.dtype), []).append(p)
+        self.groups, self.params = [], []
+        for (device, dtype), members in sorted(keyed.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            total = sum(p.numel() for p in members)
+            flat = torch.empty(total, dtype=dtype, device=members[0].device)
+            offset = 0
+            for p in members:
+                n = p.numel()
+                flat[offset:offset + n].copy_(p.data.reshape(-1))
+                p.data = flat[offset:offset + n].view_as(p)
+                offset += n
+            self.groups.append(flat)
+            self.params.append(members)
+        self.arrays = [buffers.as_buffer(g, name="parameters").array for g in self.groups]
+
+    def check_views(self):
+        """Raise if something replaced a parameter's storage (then flat buffers would be stale)."""
+        for flat, members in zip(self.groups, self.params):
+            base = flat.data_ptr()
+            end = base + flat.numel() * flat.element_size()
+            for p in members:
+                if not base <= p.data.data_ptr() < end:
+                    raise RuntimeError("a parameter no longer views the flat buffer "
+                                       "(was param.data reassigned after wrapping?)")
+
+    @property
+    def numel(self):
+        return sum(g.numel() for g in self.groups)
+
+
+def broadcast_parameters(flat, comm, root=0):
+    """Make every rank start from root's parameters."""
+    for array in flat.arrays:
+        host = array if isinstance(array, np.ndarray) else array.get()
+        comm.Bcast([host, buffers.mpi_datatype(host.dtype)], root=root)
+        if not isinstance(array, np.ndarray):
+            array.set(host)
+
+
+class _Wrapper:
+    """Base of the wrappers: flattens the model, broadcasts rank 0's parameters."""
+
+    name = "?"
+
+    def __init__(self, model, *, comm, broadcast=True):
+        if not isinstance(comm, MPI.Intracomm):
+            raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+        self.model, self.comm = model, comm
+        self.flat = FlatParameters(model)
+        if broadcast:
+            broadcast_parameters(self.flat, comm)
+        self.steps = 0
+        self.comms = [self._make(array) for array in self.flat.arrays]
+
+    def _make(self, array):
+        raise NotImplementedError
+
+    def step(self):
+        """Call once per iteration, after ``optimizer.step()``."""
+        self._step()
+        self.steps += 1
+
+    def consensus_parameters(self):
+        """Exact mean over ranks of the parameters the model evaluates (collective)."""
+        out = []
+        for g in self.model_buffers():
+            host = g.detach().cpu().numpy().astype(np.float64)
+            self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+            out.append(host / self.comm.Get_size())
+        return out
+
+    def model_buffers(self):
+        return self.flat.groups
+
+    def drain(self):
+        """Complete every message in flight (no-op for synchronous algorithms)."""
+
+    def state_dict(self):
+        self.drain()
+        return {"algorithm": self.name, "steps": self.steps}
+
+    def load_state_dict(self, state):
+        if state.get("algorithm") != self.name:
+            raise ValueError(f"checkpoint is for {state.get('algorithm')!r}, not {self.name!r}")
+        self.steps = int(state["steps"])
+
+    def free(self):
+        self.drain()
+        for c in self.comms:
+            c.free()
+        self.comms = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self):
+        return f"<mpigossip.torch.{type(self).__name__} params={self.flat.numel} steps={self.steps}>"
+
+
+class AllReduce(_Wrapper):
+    """AllReduce SGD: after each local update, every rank takes the exact mean.
+
+    All ranks start from the same parameters and apply the same averaged update, so
+    averaging the updates (Jin et al.) equals averaging the parameters, which needs no
+    snapshot of the previous parameters.
+    """
+
+    name = "allreduce"
+
+    def _make(self, array):
+        return AllreduceAverager(array, comm=self.comm)
+
+    def _step(self):
+        for c in self.comms:
+            c.average()
+
+
+class EASGD(_Wrapper):
+    """Elastic Averaging SGD with the center on ``servers`` ranks (co-located with workers)."""
+
+    name = "easgd"
+
+    def __init__(self, model, *, comm, beta=0.5, tau=4, servers=1):
+        self.beta, self.tau, self.servers = beta, tau, servers
+        self.servers_ = []
+        super().__init__(model, comm=comm)
+
+    def _make(self, array):
+        server = ParameterServer(array.size, array.dtype, comm=self.comm, servers=self.servers,
+                                 init=array)
+        self.servers_.append(server)
+        return ElasticAveraging(array, server, beta=self.beta, tau=self.tau)
+
+    def _step(self):
+        for c in self.comms:
+            c.step()
+
+    def center_parameters(self):
+        """The center variable (the model EASGD converges to)."""
+        return [s.pull(np.empty(s.size_elements, s.dtype)) for s in self.servers_]
+
+    def free(self):
+        super().free()
+        for s in self.servers_:
+            s.free()
+        self.servers_ = []
+
+
+class ASGD(_Wrapper):
+    """Asynchronous (Downpour) SGD: push this step's update to the server, pull the center.
+
+    Each worker pushes ``1/P`` of its local update (P = world size), so that one round of
+    P pushes moves the center by the mean update, as AllReduce SGD would; pushing whole
+    updates multiplies the effective learning rate by P and diverges at AllReduce's rate.
+    """
+
+    name = "asgd"
+
+    def __init__(self, model, *, comm, servers=1):
+        self.servers, self.servers_, self.prev, self.delta = servers, [], [], []
+        super().__init__(model, comm=comm)
+
+    def _make(self, array):
+        server = ParameterServer(array.size, array.dtype, comm=self.comm, servers=self.servers, init=array)
+        self.servers_.append(server)
+        self.prev.append(array.copy())
+        self.delta.append(array.copy())
+        return _AsyncWorker(array, server)
+
+    def _step(self):
+        for worker, array, prev, delta in zip(self.comms, self.flat.arrays, self.prev, self.delta):
+            share = 1.0 / self.comm.Get_size()
+            kernels.weighted_sum(delta, array, share, [prev], [-share])  # delta = (x - prev) / P
+            worker.step(delta)                                     # center += delta; x = center
+            prev[...] = array
+
+    def free(self):
+        super().free()
+        for s in self.servers_:
+            s.free()
+        self.servers_ = []
+
+
+class GossipPull(_Wrapper):
+    """Gossiping SGD, pull variant (one-sided RMA), every ``tau`` steps."""
+
+    name = "gossip-pull"
+    mode = "pull"
+
+    def __init__(self, model, *, comm, tau=1, seed=0):
+        self.tau, self.seed = tau, seed
+        super().__init__(model, comm=comm)
+
+    def _make(self, array):
+        return Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, tau=self.tau)
+
+    def _step(self):
+        for c in self.comms:
+            c.step()
+
+
+class GossipPush(GossipPull):
+    """Gossiping SGD, push variant, every ``tau`` steps."""
+
+    name = "gossip-push"
+    mode = "push"
+
+
+class SGP(_Wrapper):
+    """Stochastic Gradient Push (Algorithm 1 of Assran et al.).
+
+    The model's parameters hold the de-biased ``z = x / w``; the numerator ``x`` lives in
+    the wrapper. After ``optimizer.step()`` turned ``z`` into ``z + Δ``, :meth:`step`
+    applies the same update to the numerator, ``x += Δ`` (so the gradient taken at ``z``
+    is applied to ``x``, with any optimizer), mixes ``(x, w)`` with PushSum, and writes the
+    new ``z = x / w`` back into the parameters in the same fused pass.
+    """
+
+    name = "sgp"
+    max_delay = 0
+    overlap = False
+
+    def __init__(self, model, *, comm, topology=None, peers=1):
+        self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
+        self.numerators = []
+        super().__init__(model, comm=comm)
+
+    def _make(self, array):
+        x = array.copy()
+        self.numerators.append(x)
+        # Synchronous: the combine writes z in the same pass. Overlap: z is written after start().
+        return PushSum(x, comm=self.comm, topology=self.topology, z=None if self.overlap else array,
+                       max_delay=self.max_delay)
+
+    def _apply_update(self):
+        for ps, z in zip(self.comms, self.flat.arrays):
+            # x += z_new - x / w, i.e. x = (1 - 1/w) x + z_new  (exactly z_new when w == 1)
+            kernels.weighted_sum(ps.buffer.array, ps.buffer.array, 1.0 - 1.0 / ps.weight, [z], [1.0])
+
+    def _step(self):
+        self._apply_update()
+        for ps in self.comms:
+            ps.step()  # z written by the fused combine
+
+    @property
+    def weights(self):
+        return [ps.weight for ps in self.comms]
+
+    def state_dict(self):
+        self.drain()
+        state = super().state_dict()
+        state["weights"] = self.weights
+        state["numerators"] = [np.array(x if isinstance(x, np.ndarray) else x.get()) for x in self.numerators]
+        state["pushsum_steps"] = [ps.step_count for ps in self.comms]
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for ps, x, w, k in zip(self.comms, state["numerators"], state["weights"], state["pushsum_steps"]):
+            _copy_in(ps.buffer.array, x)
+            ps.weight = float(w)
+            ps.step_count = int(k)
+        for z, ps in zip(self.flat.arrays, self.comms):
+            kernels.debias(z, ps.buffer.array, ps.weight)
+
+
+class OSGP(SGP):
+    """Overlap SGP: this step's share is sent while the next forward/backward runs;
+    arrivals are added at the next step, at most ``max_delay`` steps late."""
+
+    name = "osgp"
+    overlap = True
+
+    def __init__(self, model, *, comm, topology=None, peers=1, max_delay=1):
+        self.max_delay = max_delay
+        super().__init__(model, comm=comm, topology=topology, peers=peers)
+
+    def _step(self):
+        self._apply_update()
+        for ps, z in zip(self.comms, self.flat.arrays):
+            if ps.started:
+                ps.finish()     # add what arrived
+            ps.start()          # split the share off and send it; x / w is unchanged
+            kernels.debias(z, ps.buffer.array, ps.weight)
+
+    def drain(self):
+        for ps, z in zip(self.comms, self.flat.arrays):
+            if ps.started:
+                ps.finish()
+            ps.drain()
+            kernels.debias(z, ps.buffer.array, ps.weight)
+
+
+def _copy_in(array, host):
+    """Copy a host array into a numpy or cupy array."""
+    if isinstance(array, np.ndarray):
+        array[...] = host
+    else:
+        array.set(np.ascontiguousarray(host, dtype=array.dtype))
+
+
+def make(name, model, *, comm, **options):
+    """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`), passing the options it takes."""
+    table = {"allreduce": (AllReduce, ()), "easgd": (EASGD, ("beta", "tau", "servers")),
+             "asgd": (ASGD, ("servers",)), "gossip-pull": (GossipPull, ("tau", "seed")),
+             "gossip-push": (GossipPush, ("tau", "seed")), "sgp": (SGP, ("topology", "peers")),
+             "osgp": (OSGP, ("topology", "peers", "max_delay"))}
+    if name not in table:
+        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
+    cls, accepted = table[name]
+    return cls(model, comm=comm, **{k: v for k, v in options.items() if k in accepted})

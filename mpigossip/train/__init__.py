@@ -1,0 +1,1 @@
+"""The training job: ``python -m mpigossip train | compare | plot`` (see README)."""

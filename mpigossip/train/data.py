@@ -1,0 +1,148 @@
+"""Data sets for the training job. Nothing is ever downloaded.
+
+Every loader returns a :class:`Dataset` with train/test splits as numpy arrays; ranks
+take strided shards of the training split. Errors are ``DataError`` with a message that
+names the file and the problem.
+"""
+
+import os
+import pickle
+
+import numpy as np
+
+NAMES = ("digits", "synthetic", "cifar10")
+
+
+class DataError(ValueError):
+    """Bad or missing data."""
+
+
+class Dataset:
+    def __init__(self, name, x_train, y_train, x_test, y_test, shape, classes):
+        self.name, self.shape, self.classes = name, tuple(shape), int(classes)
+        self.x_train, self.y_train = x_train, y_train
+        self.x_test, self.y_test = x_test, y_test
+        for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+            if x.ndim < 2 or len(x) != len(y):
+                raise DataError(f"{name}: {split} split has {len(x)} inputs of shape {x.shape[1:]} "
+                                f"but {len(y)} labels")
+            if tuple(x.shape[1:]) != self.shape:
+                raise DataError(f"{name}: {split} inputs have shape {x.shape[1:]}, expected {self.shape}")
+            if len(x) == 0:
+                raise DataError(f"{name}: {split} split is empty")
+            if not np.all(np.isfinite(x)):
+                raise DataError(f"{name}: {split} inputs contain NaN or infinity")
+            if y.min() < 0 or y.max() >= self.classes:
+                raise DataError(f"{name}: {split} labels must be integers in [0, {self.classes})")
+
+    def shard(self, rank, size):
+        """This rank's strided share of the training split."""
+        if len(self.x_train) < size:
+            raise DataError(f"{self.name}: {len(self.x_train)} training samples cannot feed {size} ranks")
+        return self.x_train[rank::size], self.y_train[rank::size]
+
+    def __repr__(self):
+        return (f"<Dataset {self.name} train={len(self.x_train)} test={len(self.x_test)} "
+                f"shape={self.shape} classes={self.classes}>")
+
+
+def _split(x, y, seed, test_fraction=0.2):
+    order = np.random.default_rng(seed).permutation(len(x))
+    cut = int(round(len(x) * (1 - test_fraction)))
+    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
+
+
+def digits(seed=0):
+    """scikit-learn's bundled handwritten digits (1797 8x8 images, 10 classes), scaled to [0, 1]."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError("the digits data set needs scikit-learn: pip install 'mpigossip[data]'") from None
+    bunch = load_digits()
+    x = (bunch.data / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = bunch.target.astype(np.int64)
+    return Dataset("digits", *_split(x, y, seed), shape=(1, 8, 8), classes=10)
+
+
+def synthetic(samples=20000, features=64, classes=10, seed=0):
+    """A deterministic classification problem of any size: Gaussian class clusters in
+    ``features`` dimensions (a linear teacher plus noise), for scaling runs."""
+    if samples < 2 or features < 1 or classes < 2:
+        raise DataError(f"synthetic: need samples >= 2, features >= 1, classes >= 2 "
+                        f"(got {samples}, {features}, {classes})")
+    rng = np.random.default_rng(seed + 12345)
+    centers = rng.standard_normal((classes, features)).astype(np.float32) * 1.5
+    y = rng.integers(0, classes, samples)
+    x = centers[y] + rng.standard_normal((samples, features)).astype(np.float32)
+    return Dataset("synthetic", *_split(x.astype(np.float32), y.astype(np.int64), seed),
+                   shape=(features,), classes=classes)
+
+
+def cifar10(directory):
+    """CIFAR-10 from a local directory in its standard python format
+    (``data_batch_1`` .. ``data_batch_5``, ``test_batch``; or the ``cifar-10-batches-py`` folder)."""
+    if directory is None:
+        raise DataError("cifar10: pass --data-dir, the folder holding data_batch_1..5 and test_batch")
+    if os.path.isdir(os.path.join(directory, "cifar-10-batches-py")):
+        directory = os.path.join(directory, "cifar-10-batches-py")
+
+    def load(name):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise DataError(f"cifar10: {path} not found (the data set is never downloaded)")
+        try:
+            with open(path, "rb") as f:
+                batch = pickle.load(f, encoding="bytes")
+            x = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+            return x, np.asarray(batch[b"labels"], dtype=np.int64)
+        except Exception as exc:
+            raise DataError(f"cifar10: {path} is not a CIFAR-10 python batch ({exc})") from None
+
+    parts = [load(f"data_batch_{i}") for i in range(1, 6)]
+    xt, yt = load("test_batch")
+    mean = np.array([0.4914, 0.4822, 0.4465], np.float32).reshape(1, 3, 1, 1)
+    std = np.array([0.2470, 0.2435, 0.2616], np.float32).reshape(1, 3, 1, 1)
+    norm = lambda x: ((x.astype(np.float32) / 255.0) - mean) / std  # noqa: E731
+    return Dataset("cifar10", norm(np.concatenate([p[0] for p in parts])), np.concatenate([p[1] for p in parts]),
+                   norm(xt), yt, shape=(3, 32, 32), classes=10)
+
+
+def npz(path, seed=0):
+    """User data: a ``.npz`` with ``x_train, y_train, x_test, y_test`` (or ``x, y``, split 80/20).
+    Inputs are float arrays of shape (N, ...); labels integers in [0, classes)."""
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except Exception as exc:
+        raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+    if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
+        parts = [arrays[k] for k in ("x_train", "y_train", "x_test", "y_test")]
+    elif {"x", "y"} <= arrays.keys():
+        parts = list(_split(arrays["x"], arrays["y"], seed))
+    else:
+        raise DataError(f"{path}: expected arrays x_train, y_train, x_test, y_test (or x, y); found "
+                        + ", ".join(sorted(arrays)))
+    x_train, y_train, x_test, y_test = parts
+    if x_train.ndim < 2:
+        raise DataError(f"{path}: inputs must have shape (N, ...), got {x_train.shape}")
+    for name, y in (("y_train", y_train), ("y_test", y_test)):
+        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"{path}: {name} must be a 1-D integer array, got {y.dtype} {y.shape}")
+    classes = int(max(y_train.max(), y_test.max())) + 1
+    return Dataset(os.path.basename(path), x_train.astype(np.float32), y_train.astype(np.int64),
+                   x_test.astype(np.float32), y_test.astype(np.int64), shape=x_train.shape[1:], classes=classes)
+
+
+def load(name, *, data_dir=None, seed=0, samples=20000, features=64, classes=10):
+    """Load by ``--dataset`` value: a name in :data:`NAMES` or a path to a ``.npz`` file."""
+    if name == "digits":
+        return digits(seed)
+    if name == "synthetic":
+        return synthetic(samples, features, classes, seed)
+    if name == "cifar10":
+        return cifar10(data_dir)
+    if name.endswith(".npz"):
+        return npz(name, seed)
+    raise DataError(f"unknown data set {name!r}: use {', '.join(NAMES)} or a path to a .npz file")
