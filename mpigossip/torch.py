@@ -186,6 +186,16 @@ class EASGD(_Wrapper):
         for c in self.comms:
             c.step()
 
+    def state_dict(self):
+        state = super().state_dict()
+        state["counters"] = [(w.calls, w.exchanges) for w in self.comms]
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for w, (calls, exchanges) in zip(self.comms, state["counters"]):
+            w.calls, w.exchanges = int(calls), int(exchanges)
+
     def center_parameters(self):
         """The center variable (the model EASGD converges to)."""
         return [s.pull(np.empty(s.size_elements, s.dtype)) for s in self.servers_]
@@ -248,6 +258,16 @@ class GossipPull(_Wrapper):
     def _step(self):
         for c in self.comms:
             c.step()
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["counters"] = [(g.calls, g.rounds) for g in self.comms]
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for g, (calls, rounds) in zip(self.comms, state["counters"]):
+            g.calls, g.rounds = int(calls), int(rounds)
 
 
 class GossipPush(GossipPull):

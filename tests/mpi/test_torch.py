@@ -1,0 +1,93 @@
+"""torch wrappers on real ranks (this file imports torch: it tests the torch adapter)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mpigossip as mg  # noqa: E402
+import mpigossip.torch as mgt  # noqa: E402
+
+from .helpers import comm  # noqa: E402
+
+
+def data(rank, n=64, d=5):
+    g = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = x @ torch.arange(1.0, d + 1, dtype=torch.float64) + 0.5
+    return x, y
+
+
+def grad_at(z, x, y):
+    """Gradient of 0.5 * mean((x w + b - y)^2) at z = [w, b]."""
+    x, y = x.numpy(), y.numpy()
+    w, b = z[:-1], z[-1]
+    r = x @ w + b - y
+    return np.concatenate([x.T @ r / len(y), [r.mean()]])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("topology", ["exponential", "random"])
+def test_sgp_wrapper_follows_pushsum_driven_by_hand(topology):
+    """Algorithm 1: gradient at z = x / w, applied to x, then PushSum. Same seed, same path."""
+    c = comm()
+    x, y = data(c.rank)
+    lr, steps = 0.05, 25
+    topo = lambda: mg.topology.make(topology, seed=3)  # noqa: E731
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 1).double()
+    sgp = mgt.SGP(model, comm=c, topology=topo())
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    # By hand: numerator and PushSum on a flat numpy buffer, same initial parameters.
+    num = np.concatenate([p.detach().numpy().ravel() for p in (model.weight, model.bias)]).astype(np.float64)
+    ps = mg.PushSum(num, comm=c, topology=topo())
+    for _ in range(steps):
+        loss = 0.5 * ((model(x).squeeze(1) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sgp.step()
+        z = ps.debiased()
+        num -= lr * grad_at(z, x, y)
+        ps.step()
+    z = ps.debiased()
+    ours = np.concatenate([model.weight.detach().numpy().ravel(), model.bias.detach().numpy()])
+    np.testing.assert_allclose(ours, z, rtol=1e-10, atol=1e-12)
+    assert sgp.weights[0] == pytest.approx(ps.weight, rel=1e-12)
+    sgp.free()
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", mgt.ALGORITHMS)
+def test_every_wrapper_keeps_views_and_drives_consensus(name):
+    c = comm()
+    torch.manual_seed(c.rank)  # different initial models: the wrapper broadcasts rank 0's
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    algo = mgt.make(name, model, comm=c, tau=1, beta=0.5, max_delay=1)
+    first = [p.detach().clone() for p in model.parameters()]
+    same = c.allgather(torch.cat([f.ravel() for f in first]).numpy())
+    assert all(np.array_equal(same[0], s) for s in same)
+    for step in range(30):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * (c.rank + 1))  # a different "update" per rank
+        algo.step()
+    algo.drain()
+    algo.flat.check_views()
+    state = algo.state_dict()
+    assert state["algorithm"] == name and state["steps"] == 30
+    algo.free()
+
+
+def test_flat_parameters_group_by_dtype_and_are_views():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2).double(), torch.nn.Linear(2, 2))
+    flat = mgt.FlatParameters(model)
+    assert [g.dtype for g in flat.groups] == [torch.float32, torch.float64]
+    assert flat.numel == sum(p.numel() for p in model.parameters())
+    flat.groups[0].fill_(2.0)
+    assert float(model[0].weight.detach()[0, 0]) == 2.0 and float(model[2].bias.detach()[1]) == 2.0
+    flat.check_views()
+    model[0].weight.data = torch.zeros(3, 3)
+    with pytest.raises(RuntimeError, match="no longer views"):
+        flat.check_views()

@@ -1,0 +1,145 @@
+"""The training job end to end under mpiexec: accuracy of every algorithm, checkpoints, errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpigossip-mpiexec")
+
+
+def mg(n, *args, env=None, timeout=300):
+    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-m", "mpigossip", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+    return proc
+
+
+def metrics(folder, rank=0):
+    with open(os.path.join(folder, f"metrics-rank{rank}.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def summary(folder):
+    with open(os.path.join(folder, "summary.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def all_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("all")
+    proc = mg(4, "train", "--algorithm", "all", "--quiet", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc
+
+
+def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
+    out, proc = all_runs
+    for algo in ("allreduce", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp"):
+        s = summary(out / algo)
+        assert s["final_accuracy"] >= 0.90, (algo, s)
+        assert s["world_size"] == 4 and s["steps"] == 300
+        for key in ("final_loss", "consensus_distance", "wall_time_s", "time_per_step_s", "comm_time_s"):
+            assert key in s
+        m = metrics(out / algo, rank=3)
+        early = sum(r["loss"] for r in m[:20]) / 20
+        late = sum(r["loss"] for r in m[-20:]) / 20
+        assert late < 0.5 * early, (algo, early, late)
+        assert {"compute_s", "comm_s", "wait_s", "time_s"} <= m[0].keys()
+        assert any("test_accuracy" in r and "consensus_distance" in r for r in m)
+        assert f"{algo}: 4 ranks" in proc.stdout
+    assert abs(summary(out / "sgp")["final_accuracy"] - summary(out / "allreduce")["final_accuracy"]) <= 0.01
+    assert summary(out / "allreduce")["consensus_distance"] < 1e-6
+    with open(out / "sgp" / "config.json") as f:
+        assert json.load(f)["algorithm"] == "sgp"
+
+
+def test_plot_renders_figures(all_runs, tmp_path):
+    out, _ = all_runs
+    proc = subprocess.run([sys.executable, "-m", "mpigossip", "plot", str(out), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("loss.png", "accuracy.png", "consensus.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("algo", ["allreduce", "sgp", "gossip-push"])
+def test_resume_continues_exactly(tmp_path, algo):
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    common = ["train", "--algorithm", algo, "--steps", "40", "--quiet", "--eval-every", "20"]
+    assert mg(2, *common, "--out", str(full), "--checkpoint-every", "20").returncode == 0
+    proc = mg(2, *common, "--out", str(resumed), "--resume", str(full))
+    assert proc.returncode == 0, proc.stderr
+    a = {r["step"]: r["loss"] for r in metrics(full, 1)}
+    b = {r["step"]: r["loss"] for r in metrics(resumed, 1)}
+    assert sorted(b) == list(range(20, 40))
+    assert all(a[k] == b[k] for k in b), "resumed run diverged from the uninterrupted one"
+    assert summary(full)["final_accuracy"] == summary(resumed)["final_accuracy"]
+
+
+def test_resume_at_another_world_size_starts_from_consensus(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert mg(4, "train", "--steps", "40", "--checkpoint-every", "20", "--quiet", "--out", str(first)).returncode == 0
+    proc = mg(2, "train", "--steps", "60", "--out", str(second), "--resume", str(first))
+    assert proc.returncode == 0, proc.stderr
+    assert "(step 40, 4 ranks)" in proc.stdout or "(step 20, 4 ranks)" in proc.stdout
+    assert summary(second)["world_size"] == 2 and summary(second)["final_accuracy"] > 0.9
+
+
+def test_kill_during_checkpoint_write_keeps_previous_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = mg(2, "train", "--steps", "40", "--checkpoint-every", "10", "--quiet", "--out", str(out),
+              env={"MPIGOSSIP_CRASH_IN_CHECKPOINT": "20"})
+    assert proc.returncode != 0
+    with open(out / "checkpoints" / "latest.json") as f:
+        assert json.load(f)["step"] == 10
+    proc = mg(2, "train", "--steps", "40", "--out", str(tmp_path / "again"), "--resume", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "(step 10, 2 ranks)" in proc.stdout
+
+
+def test_compare_writes_a_table(tmp_path):
+    proc = mg(2, "compare", "--algorithms", "allreduce", "sgp", "--lrs", "0.05", "0.1", "--steps", "60",
+              "--quiet", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "| algorithm | lr | test accuracy |" in proc.stdout
+    rows = json.load(open(tmp_path / "compare.json"))
+    assert [(r["algorithm"], r["lr"]) for r in rows] == [("allreduce", 0.05), ("allreduce", 0.1),
+                                                          ("sgp", 0.05), ("sgp", 0.1)]
+    assert (tmp_path / "compare.md").read_text().count("\n") == 6
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--lr", "-1"], 2, "--lr must be > 0"),
+    (["--algorithm", "sgd"], 2, "--algorithm 'sgd'"),
+    (["--servers", "9"], 2, "--servers 9 exceeds the world size 2"),
+    (["--topology", "bipartite", "--peers", "5"], 2, "--topology bipartite --peers 5"),
+    (["--straggler", "7:2"], 2, "--straggler '7:2'"),
+    (["--dataset", "/nonexistent/data.npz"], 1, "/nonexistent/data.npz: no such file"),
+    (["--lr", "1e30", "--steps", "50"], 3, "loss is"),
+])
+def test_bad_input_gives_a_clear_message_and_nonzero_exit(args, code, message):
+    proc = mg(2, "train", "--quiet", *args, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and message in out, out
+    if code != 3:
+        assert out.count(message) == 1, "message printed by more than rank 0"
+
+
+def test_bad_npz_shapes(tmp_path):
+    import numpy as np
+    path = tmp_path / "bad.npz"
+    np.savez(path, x_train=np.zeros((10, 4)), y_train=np.zeros(9, dtype=np.int64),
+             x_test=np.zeros((5, 4)), y_test=np.zeros(5, dtype=np.int64))
+    proc = mg(2, "train", "--quiet", "--dataset", str(path), timeout=120)
+    assert proc.returncode == 1 and "10 inputs of shape (4,) but 9 labels" in proc.stderr, proc.stderr
+    good = tmp_path / "good.npz"
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 6)).astype(np.float32)
+    np.savez(good, x=x, y=(x[:, 0] > 0).astype(np.int64))
+    proc = mg(2, "train", "--quiet", "--dataset", str(good), "--model", "logreg", "--steps", "100",
+              "--out", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert summary(tmp_path / "o")["final_accuracy"] > 0.9
