@@ -62,7 +62,9 @@ def main(args):
                 ax.set_yscale("symlog", linthresh=1e-6)
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=8)
-        fig.suptitle(f"consensus model, {len(loaded)} run(s)")
+        what = "distance of the rank models from their mean" if name == "consensus.png" else \
+            "test metrics of the consensus model (mean over ranks)"
+        fig.suptitle(f"{what}, {len(loaded)} run(s)")
         fig.tight_layout()
         path = os.path.join(out, name)
         fig.savefig(path, dpi=110)
