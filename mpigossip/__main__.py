@@ -31,6 +31,9 @@ def build_parser():
                          help="algorithms to run (default: all)")
     compare.add_argument("--lrs", type=float, nargs="+", default=[0.1], help="learning rates (default: 0.1)")
     job.add_arguments(compare, sweep=True)
+    table = sub.add_parser("table", help="one comparison table from finished runs (no MPI)")
+    table.add_argument("dirs", nargs="+", metavar="DIR", help="folders searched for summary.json")
+    table.add_argument("--out", help="also write compare.json and compare.md there")
     plot = sub.add_parser("plot", help="PNG figures of runs written by train/compare --out")
     plot.add_argument("dirs", nargs="+", metavar="DIR", help="run folders, or folders of runs")
     plot.add_argument("--out", help="where to write the PNGs (default: the first DIR)")
@@ -48,6 +51,9 @@ def main(argv=None):
     if args.command == "compare":
         from .train import compare
         return compare.main(args)
+    if args.command == "table":
+        from .train import compare
+        return compare.table_main(args)
     if args.command == "plot":
         from .train import plot
         return plot.main(args)

@@ -24,6 +24,39 @@ def markdown(summaries):
     return "\n".join(lines)
 
 
+def collect(folders):
+    """Summaries of every run folder (``summary.json``) under ``folders``, sorted by algorithm order and lr."""
+    found = []
+    for folder in folders:
+        for root, _, files in os.walk(folder):
+            if "summary.json" in files:
+                with open(os.path.join(root, "summary.json")) as f:
+                    found.append(json.load(f))
+    order = {a: i for i, a in enumerate(mgt.ALGORITHMS)}
+    return sorted(found, key=lambda s: (order.get(s["algorithm"], 99), s["lr"]))
+
+
+def write_table(out, summaries):
+    table = markdown(summaries)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "compare.json"), "w") as f:
+            json.dump(summaries, f, indent=2)
+        with open(os.path.join(out, "compare.md"), "w") as f:
+            f.write(table + "\n")
+    return table
+
+
+def table_main(args):
+    """``python -m mpigossip table DIR...``: one table from finished runs (e.g. an array job's)."""
+    summaries = collect(args.dirs)
+    if not summaries:
+        print(f"python -m mpigossip table: error: no summary.json under {' '.join(args.dirs)}")
+        return 1
+    print(write_table(args.out, summaries))
+    return 0
+
+
 def main(args):
     comm = MPI.COMM_WORLD
     algorithms = list(mgt.ALGORITHMS) if args.algorithms == ["all"] else args.algorithms
@@ -41,13 +74,7 @@ def main(args):
     except (data_mod.DataError, ValueError, OSError) as exc:
         return fail(comm, str(exc), 1)
     if comm.Get_rank() == 0:
-        table = markdown(summaries)
+        table = write_table(out, summaries)
         print(f"\n{len(algorithms)} algorithms x {len(args.lrs)} learning rates, {comm.Get_size()} ranks, "
               f"{args.model} on {summaries[0]['dataset']}:\n{table}", flush=True)
-        if out:
-            os.makedirs(out, exist_ok=True)
-            with open(os.path.join(out, "compare.json"), "w") as f:
-                json.dump(summaries, f, indent=2)
-            with open(os.path.join(out, "compare.md"), "w") as f:
-                f.write(table + "\n")
     return 0

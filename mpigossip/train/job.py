@@ -30,6 +30,16 @@ DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, 
             "batch_size": 32, "steps": 300}
 
 
+#: Steps between two rounds of the (nonblocking) agreement on a stop request.
+STOP_CHECK_EVERY = 10
+#: Exit status after a signal-triggered checkpoint (EX_TEMPFAIL): the job scripts requeue on it.
+EXIT_PREEMPTED = 75
+
+
+class Preempted(Exception):
+    """Training stopped by SIGUSR1/SIGTERM after writing a checkpoint."""
+
+
 class UsageError(ValueError):
     """A bad flag value, reported on rank 0, exit code 2 on every rank."""
 
@@ -308,6 +318,18 @@ class Run:
             print(f"resumed {self.algorithm} from {step_dir} (step {self.start_step}, "
                   f"{meta['world_size']} ranks)", flush=True)
 
+    def _request_stop(self, signum, frame):
+        self.stop_requested = True
+
+    def _preempt(self, step):
+        """Checkpoint at ``step`` and raise :class:`Preempted` (exit status 75)."""
+        save_checkpoint(self.comm, self.out, step, self.state(step), self.timeout)
+        if self.metrics_file is not None:
+            self.metrics_file.close()
+        self.algo.free()
+        raise Preempted(f"{self.algorithm}: stopped by a signal at step {step}; checkpoint in {self.out}; "
+                        f"continue with --resume {self.out}")
+
     def _restore_center(self, centers):
         for server, saved in zip(self.algo.servers_, centers):
             if self.rank == 0:
@@ -333,6 +355,10 @@ class Run:
         if args.resume:
             self.resume(args.resume)
         progress = self.rank == 0 and not args.quiet and sys.stdout.isatty()
+        if self.out:  # preemption: SIGUSR1 / SIGTERM ask for a checkpoint and exit status 75
+            for sig in (signal.SIGUSR1, signal.SIGTERM):
+                signal.signal(sig, self._request_stop)
+        flag, agreed, agreement = np.zeros(1, np.int32), np.zeros(1, np.int32), None
         deadline.barrier(comm, timeout=self.timeout, op="train start")
         t_start = time.perf_counter()
         waited0 = deadline.waited_seconds()
@@ -340,6 +366,15 @@ class Run:
         n = len(self.x_train)
         step = self.start_step
         for step in range(self.start_step, self.steps):
+            if self.out and step > self.start_step and step % STOP_CHECK_EVERY == 0:
+                # Agree on stopping without a synchronisation point: every rank posts its flag
+                # now and reads the previous round's result, posted STOP_CHECK_EVERY steps ago.
+                if agreement is not None:
+                    deadline.wait(agreement, comm=comm, timeout=self.timeout, op="train (stop agreement)")
+                    if agreed[0]:
+                        return self._preempt(step)
+                flag[0] = self.stop_requested
+                agreement = comm.Iallreduce(flag, agreed, op=MPI.MAX)
             t0 = time.perf_counter()
             idx = torch.from_numpy(self.rng.integers(0, n, self.args.batch_size)).to(self.device)
             loss = F.cross_entropy(self.model(self.x_train[idx]), self.y_train[idx])
@@ -379,6 +414,8 @@ class Run:
                       end="", flush=True)
         if progress:
             print()
+        if agreement is not None:
+            deadline.wait(agreement, comm=comm, timeout=self.timeout, op="train (stop agreement)")
         self.algo.drain()
         wall = time.perf_counter() - t_start
         steps_run = max(1, self.steps - self.start_step)
@@ -445,6 +482,10 @@ def main(args):
         return os.path.join(args.out, algorithm) if len(algorithms) > 1 else args.out
     try:
         run_many(args, comm, algorithms, [args.lr], out_for)
+    except Preempted as exc:
+        if comm.Get_rank() == 0:
+            print(f"preempted: {exc}", flush=True)
+        return EXIT_PREEMPTED
     except (data_mod.DataError, ValueError, OSError) as exc:
         return fail(comm, str(exc), 1)
     return 0

@@ -1,0 +1,132 @@
+"""Every script in jobs/ submitted with `sbatch --wait` to a real single-node Slurm on localhost.
+
+tests/slurm/start.sh starts the cluster (installing Debian's Slurm and munge if missing).
+Skipped with the reason only where Slurm cannot start; never skipped in CI (CI=true)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    proc = subprocess.run(["bash", os.path.join(ROOT, "tests", "slurm", "start.sh")],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        reason = f"Slurm could not start here: {proc.stderr.strip()[-400:]}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    conf = re.search(r"export SLURM_CONF=(\S+)", proc.stdout).group(1)
+    env = dict(os.environ, SLURM_CONF=conf, PYTHON=PYTHON)
+    yield env, tmp_path_factory.mktemp("slurm")
+    subprocess.run(["bash", os.path.join(ROOT, "tests", "slurm", "stop.sh")], timeout=120)
+
+
+def sbatch(env, script, *options, extra=None, wait=True, timeout=300):
+    cmd = ["sbatch", "--parsable"] + (["--wait"] if wait else []) + list(options) + [os.path.join(ROOT, "jobs", script)]
+    run_env = dict(env, **(extra or {}))
+    if not wait:
+        return subprocess.run(cmd, capture_output=True, text=True, env=run_env, cwd=ROOT, timeout=60)
+    return subprocess.run(cmd, capture_output=True, text=True, env=run_env, cwd=ROOT, timeout=timeout)
+
+
+def job_id(proc):
+    return proc.stdout.strip().splitlines()[0].split(";")[0]
+
+
+def summary(folder):
+    with open(os.path.join(folder, "summary.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_train_job(slurm, launcher):
+    env, tmp = slurm
+    out, log = tmp / f"train-{launcher}", tmp / f"train-{launcher}.log"
+    proc = sbatch(env, "train.sbatch", "-o", str(log),
+                  extra={"STEPS": "60", "OUT": str(out), "LAUNCHER": launcher, "CKPT_EVERY": "20"})
+    assert proc.returncode == 0, proc.stderr + log.read_text()
+    s = summary(out)
+    assert s["world_size"] == 4 and s["steps"] == 60 and s["algorithm"] == "sgp"
+    assert "train.sbatch: done" in log.read_text()
+    assert os.path.isfile(out / "checkpoints" / "latest.json")
+
+
+def test_failing_run_fails_the_job(slurm):
+    env, tmp = slurm
+    log = tmp / "fail.log"
+    proc = sbatch(env, "train.sbatch", "-o", str(log),
+                  extra={"DATASET": "/nonexistent/data.npz", "OUT": str(tmp / "fail")})
+    assert proc.returncode != 0
+    assert "/nonexistent/data.npz: no such file" in log.read_text()
+
+
+def test_preempted_job_requeues_and_resumes_to_the_same_result(slurm):
+    env, tmp = slurm
+    settings = {"STEPS": "1500", "CKPT_EVERY": "0", "EXTRA": "--eval-every 500"}
+    ref = tmp / "uninterrupted"
+    proc = sbatch(env, "train.sbatch", "-o", str(tmp / "ref.log"), extra=dict(settings, OUT=str(ref)))
+    assert proc.returncode == 0, proc.stderr
+    out, log = tmp / "preempted", tmp / "preempted.log"
+    waiter = subprocess.Popen(["sbatch", "--parsable", "--wait", "-o", str(log),
+                               os.path.join(ROOT, "jobs", "train.sbatch")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(env, OUT=str(out), **settings), cwd=ROOT)
+    metrics = out / "metrics-rank0.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # signal once the run is well under way
+        if metrics.exists() and sum(1 for _ in open(metrics)) > 100:
+            break
+        time.sleep(0.2)
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i", "-n", "mpigossip-train"], capture_output=True, text=True,
+                          env=env).stdout.split()
+    assert jobs, "the job is not running"
+    subprocess.run(["scancel", "--signal=USR1", "--batch", jobs[0]], check=True, env=env)
+    stdout, stderr = waiter.communicate(timeout=300)
+    text = log.read_text()
+    assert waiter.returncode == 0, stderr + text
+    assert "asking the ranks to checkpoint" in text and "requeueing job" in text, text
+    assert "resuming from" in text, text
+    a, b = summary(ref), summary(out)
+    assert b["steps"] == 1500
+    assert (b["final_loss"], b["final_accuracy"]) == (a["final_loss"], a["final_accuracy"])
+
+
+def test_compare_job_and_array_with_collect(slurm):
+    env, tmp = slurm
+    settings = {"ALGORITHMS": "allreduce sgp", "LRS": "0.1", "STEPS": "40"}
+    one = tmp / "compare-one"
+    proc = sbatch(env, "compare.sbatch", "-o", str(tmp / "compare-one.log"), extra=dict(settings, OUT=str(one)))
+    assert proc.returncode == 0, proc.stderr + (tmp / "compare-one.log").read_text()
+    assert (one / "compare.md").read_text().count("\n") == 4
+    sweep = tmp / "sweep"
+    array = sbatch(env, "compare.sbatch", "--array=0-1", "-o", str(tmp / "array-%a.log"), wait=False,
+                   extra=dict(settings, OUT=str(sweep)))
+    assert array.returncode == 0, array.stderr
+    collect = sbatch(env, "compare.sbatch", f"--dependency=afterok:{job_id(array)}", "--ntasks=1",
+                     "-o", str(tmp / "collect.log"), extra={"OUT": str(sweep), "COLLECT": "1"})
+    assert collect.returncode == 0, collect.stderr + (tmp / "collect.log").read_text()
+    rows = json.load(open(sweep / "compare.json"))
+    assert [r["algorithm"] for r in rows] == ["allreduce", "sgp"]
+    assert "| allreduce | 0.1 |" in (tmp / "collect.log").read_text()
+
+
+def test_bench_job(slurm):
+    env, tmp = slurm
+    out, log = tmp / "bench", tmp / "bench.log"
+    proc = sbatch(env, "bench.sbatch", "-o", str(log), extra={"SIZES_MB": "1", "REPEATS": "3", "STEPS": "40",
+                                                              "OUT": str(out)})
+    assert proc.returncode == 0, proc.stderr + log.read_text()
+    rows = json.load(open(out / "comm.json"))
+    assert {r["what"] for r in rows} >= {"AllreduceAverager.average / Allreduce", "PushSum.step / raw Isend+Irecv"}
+    table = (out / "stragglers" / "compare.md").read_text()
+    assert all(f"| {a} |" in table for a in ("allreduce", "sgp", "osgp", "gossip-pull", "easgd"))
