@@ -72,7 +72,7 @@ def test_failing_run_fails_the_job(slurm):
 
 def test_preempted_job_requeues_and_resumes_to_the_same_result(slurm):
     env, tmp = slurm
-    settings = {"STEPS": "1500", "CKPT_EVERY": "0", "EXTRA": "--eval-every 500"}
+    settings = {"STEPS": "800", "CKPT_EVERY": "0", "EXTRA": "--eval-every 400"}
     ref = tmp / "uninterrupted"
     proc = sbatch(env, "train.sbatch", "-o", str(tmp / "ref.log"), extra=dict(settings, OUT=str(ref)))
     assert proc.returncode == 0, proc.stderr
@@ -97,7 +97,7 @@ def test_preempted_job_requeues_and_resumes_to_the_same_result(slurm):
     assert "asking the ranks to checkpoint" in text and "requeueing job" in text, text
     assert "resuming from" in text, text
     a, b = summary(ref), summary(out)
-    assert b["steps"] == 1500
+    assert b["steps"] == 800
     assert (b["final_loss"], b["final_accuracy"]) == (a["final_loss"], a["final_accuracy"])
 
 

@@ -33,6 +33,8 @@ SlurmctldHost=$NODE
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job may restart only once its launch credential has expired (120 s by default).
+AuthInfo=cred_expire=5
 CredType=cred/munge
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
