@@ -111,6 +111,12 @@ class Topology:
         return {}
 
 
+def _check_peers(owner, peers):
+    if isinstance(peers, bool) or not isinstance(peers, int) or peers < 1:
+        raise ValueError(f"{owner}: peers must be an integer >= 1, got {peers!r}")
+    return peers
+
+
 def _num_hops(size):
     """Number of distinct exponential hops 2^0..2^(m-1) < size: m = floor(log2(size-1)) + 1."""
     return (size - 1).bit_length() if size > 1 else 0
@@ -126,9 +132,7 @@ class ExponentialGraph(Topology):
     """
 
     def __init__(self, peers=1, size=None):
-        if isinstance(peers, bool) or not isinstance(peers, int) or peers < 1:
-            raise ValueError(f"ExponentialGraph: peers must be an integer >= 1, got {peers!r}")
-        self.peers = peers
+        self.peers = _check_peers("ExponentialGraph", peers)
         super().__init__(size)
 
     def _params(self):
@@ -164,9 +168,7 @@ class BipartiteExponentialGraph(Topology):
     """
 
     def __init__(self, peers=1, size=None):
-        if isinstance(peers, bool) or not isinstance(peers, int) or peers < 1:
-            raise ValueError(f"BipartiteExponentialGraph: peers must be an integer >= 1, got {peers!r}")
-        self.peers = peers
+        self.peers = _check_peers("BipartiteExponentialGraph", peers)
         super().__init__(size)
 
     def _params(self):
@@ -228,8 +230,7 @@ class RandomPeers(Topology):
     """
 
     def __init__(self, peers=1, seed=0, allow_self=False, size=None):
-        if isinstance(peers, bool) or not isinstance(peers, int) or peers < 1:
-            raise ValueError(f"RandomPeers: peers must be an integer >= 1, got {peers!r}")
+        _check_peers("RandomPeers", peers)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"RandomPeers: seed must be an integer, got {seed!r}")
         self.peers = peers

@@ -166,10 +166,33 @@ class AllReduce(_Wrapper):
             c.average()
 
 
-class EASGD(_Wrapper):
+class _Periodic(_Wrapper):
+    """Wrappers whose communicator's own ``step()`` counts calls and communicates every
+    ``tau``-th one; its counters (``_counters``) are part of the checkpoint."""
+
+    _counters = ()
+
+    def _step(self):
+        for c in self.comms:
+            c.step()
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["counters"] = [[getattr(c, k) for k in self._counters] for c in self.comms]
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for c, values in zip(self.comms, state["counters"]):
+            for key, value in zip(self._counters, values):
+                setattr(c, key, int(value))
+
+
+class EASGD(_Periodic):
     """Elastic Averaging SGD with the center on ``servers`` ranks (co-located with workers)."""
 
     name = "easgd"
+    _counters = ("calls", "exchanges")
 
     def __init__(self, model, *, comm, beta=0.5, tau=4, servers=1):
         self.beta, self.tau, self.servers = beta, tau, servers
@@ -182,19 +205,6 @@ class EASGD(_Wrapper):
         self.servers_.append(server)
         return ElasticAveraging(array, server, beta=self.beta, tau=self.tau)
 
-    def _step(self):
-        for c in self.comms:
-            c.step()
-
-    def state_dict(self):
-        state = super().state_dict()
-        state["counters"] = [(w.calls, w.exchanges) for w in self.comms]
-        return state
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        for w, (calls, exchanges) in zip(self.comms, state["counters"]):
-            w.calls, w.exchanges = int(calls), int(exchanges)
 
     def center_parameters(self):
         """The center variable (the model EASGD converges to)."""
@@ -242,11 +252,12 @@ class ASGD(_Wrapper):
         self.servers_ = []
 
 
-class GossipPull(_Wrapper):
+class GossipPull(_Periodic):
     """Gossiping SGD, pull variant (one-sided RMA), every ``tau`` steps."""
 
     name = "gossip-pull"
     mode = "pull"
+    _counters = ("calls", "rounds")
 
     def __init__(self, model, *, comm, tau=1, seed=0):
         self.tau, self.seed = tau, seed
@@ -255,19 +266,6 @@ class GossipPull(_Wrapper):
     def _make(self, array):
         return Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, tau=self.tau)
 
-    def _step(self):
-        for c in self.comms:
-            c.step()
-
-    def state_dict(self):
-        state = super().state_dict()
-        state["counters"] = [(g.calls, g.rounds) for g in self.comms]
-        return state
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        for g, (calls, rounds) in zip(self.comms, state["counters"]):
-            g.calls, g.rounds = int(calls), int(rounds)
 
 
 class GossipPush(GossipPull):
