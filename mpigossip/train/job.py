@@ -145,6 +145,23 @@ def parse_straggler(spec, size):
     return rank, factor
 
 
+def interactive():
+    """Whether stdout reaches a terminal. Open MPI hands every rank a pseudo-terminal, so
+    under its launcher ask about the launcher's own stdout (the parent process) instead."""
+    if not sys.stdout.isatty():
+        return False
+    if "OMPI_COMM_WORLD_RANK" in os.environ or "PMIX_RANK" in os.environ:
+        try:
+            fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY | os.O_NOCTTY)
+        except OSError:
+            return False
+        try:
+            return os.isatty(fd)
+        finally:
+            os.close(fd)
+    return True
+
+
 # ------------------------------------------------------------------------------ checkpoints
 
 
@@ -354,7 +371,7 @@ class Run:
             self.metrics_file = open(os.path.join(self.out, f"metrics-rank{self.rank}.jsonl"), mode)
         if args.resume:
             self.resume(args.resume)
-        progress = self.rank == 0 and not args.quiet and sys.stdout.isatty()
+        progress = self.rank == 0 and not args.quiet and interactive()
         if self.out:  # preemption: SIGUSR1 / SIGTERM ask for a checkpoint and exit status 75
             for sig in (signal.SIGUSR1, signal.SIGTERM):
                 signal.signal(sig, self._request_stop)
