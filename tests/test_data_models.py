@@ -1,0 +1,81 @@
+"""Data loaders and models of the training job (serial; no MPI)."""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mpigossip.train import data, models  # noqa: E402
+
+
+def fake_cifar(folder, per_batch=6):
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 b"labels": list(rng.integers(0, 10, per_batch))}
+        with open(os.path.join(folder, name), "wb") as f:
+            pickle.dump(batch, f)
+
+
+def test_cifar10_from_a_local_folder(tmp_path):
+    fake_cifar(tmp_path)
+    ds = data.load("cifar10", data_dir=str(tmp_path))
+    assert ds.shape == (3, 32, 32) and len(ds.x_train) == 30 and len(ds.x_test) == 6
+    assert ds.x_train.dtype == np.float32 and abs(float(ds.x_train.mean())) < 2
+    with pytest.raises(data.DataError, match="never downloaded"):
+        data.load("cifar10", data_dir=str(tmp_path / "missing"))
+    with pytest.raises(data.DataError, match="--data-dir"):
+        data.load("cifar10")
+
+
+def test_digits_and_synthetic_are_deterministic_and_shardable():
+    a, b = data.load("digits", seed=1), data.load("digits", seed=1)
+    assert np.array_equal(a.x_train, b.x_train) and a.shape == (1, 8, 8) and a.classes == 10
+    assert len(a.x_train) + len(a.x_test) == 1797
+    x0, _ = a.shard(0, 4)
+    x3, _ = a.shard(3, 4)
+    assert abs(len(x0) - len(x3)) <= 1
+    s = data.load("synthetic", samples=500, features=7, classes=3, seed=2)
+    assert s.shape == (7,) and s.classes == 3 and len(s.x_train) == 400
+    assert np.array_equal(s.x_test, data.load("synthetic", samples=500, features=7, classes=3, seed=2).x_test)
+    with pytest.raises(data.DataError, match="cannot feed"):
+        s.shard(0, 1000)
+    with pytest.raises(data.DataError, match="unknown data set"):
+        data.load("imagenet")
+
+
+def test_npz_errors(tmp_path):
+    path = tmp_path / "nan.npz"
+    np.savez(path, x=np.full((10, 2), np.nan), y=np.zeros(10, dtype=np.int64))
+    with pytest.raises(data.DataError, match="NaN"):
+        data.load(str(path))
+    path = tmp_path / "keys.npz"
+    np.savez(path, inputs=np.zeros((10, 2)))
+    with pytest.raises(data.DataError, match="expected arrays"):
+        data.load(str(path))
+    path = tmp_path / "labels.npz"
+    np.savez(path, x=np.zeros((10, 2)), y=np.zeros(10))
+    with pytest.raises(data.DataError, match="integer array"):
+        data.load(str(path))
+
+
+@pytest.mark.parametrize("name, shape", [("logreg", (64,)), ("mlp", (1, 8, 8)), ("cnn", (1, 8, 8)),
+                                         ("cnn", (3, 32, 32)), ("resnet18", (3, 32, 32))])
+def test_models_forward_and_backward(name, shape):
+    torch.manual_seed(0)
+    model = models.build(name, shape, 10)
+    x = torch.randn(2, *shape)
+    out = model(x)
+    assert out.shape == (2, 10)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_image_models_reject_flat_inputs():
+    with pytest.raises(ValueError, match="image inputs"):
+        models.build("cnn", (64,), 10)
+    with pytest.raises(ValueError, match="unknown model"):
+        models.build("vit", (3, 32, 32), 10)
