@@ -92,14 +92,22 @@ def weighted_sum(out, x, self_weight, recvs=(), weights=(), *, z=None, w=1.0):
         raise ValueError(f"{len(recvs)} receive buffers but {len(weights)} weights")
     _check(out, x, *recvs, *(() if z is None else (z,)))
     if _is_numpy(x):
+        uniform = all(wt == self_weight for wt in weights)  # regular graphs: out = p * (x + sum r)
         for b in _blocks(x.size):
             ob = out[b]
-            np.multiply(x[b], self_weight, out=ob)
-            for r, wt in zip(recvs, weights):
-                rb = r[b]
-                if wt != 1.0:
-                    np.multiply(rb, wt, out=rb)
-                np.add(ob, rb, out=ob)
+            if uniform and recvs:
+                np.add(x[b], recvs[0][b], out=ob)
+                for r in recvs[1:]:
+                    np.add(ob, r[b], out=ob)
+                if self_weight != 1.0:
+                    np.multiply(ob, self_weight, out=ob)
+            else:
+                np.multiply(x[b], self_weight, out=ob)
+                for r, wt in zip(recvs, weights):
+                    rb = r[b]
+                    if wt != 1.0:
+                        np.multiply(rb, wt, out=rb)
+                    np.add(ob, rb, out=ob)
             if z is not None:
                 np.divide(ob, w, out=z[b])
         return out
