@@ -2,8 +2,12 @@
 
 from mpi4py import MPI
 
-from . import buffers, deadline, kernels
+from . import buffers, kernels
 from ._base import Communicator
+
+
+#: Elements reduced by the deadline-guarded ``Iallreduce`` that opens every blocking average.
+_FENCE_ELEMENTS = 1 << 14
 
 
 class AllreduceAverager(Communicator):
@@ -44,27 +48,33 @@ class AllreduceAverager(Communicator):
     def average(self):
         """Blocking exact mean.
 
-        All ranks first meet in an ``Ibarrier`` waited on with the deadline, then run the
-        blocking ``Allreduce`` (MPI's tuned algorithms are faster than ``Iallreduce``'s for
-        large buffers); a rank that never arrives is thus caught by the deadline.
+        The first small chunk is reduced with ``Iallreduce`` under the deadline: it doubles
+        as the meeting point of all ranks, so a rank that never arrives is caught. The rest
+        goes through blocking ``Allreduce`` calls (MPI's tuned algorithms, faster than
+        ``Iallreduce``'s for large buffers), chunk by chunk, each chunk scaled by ``1/n``
+        right after its reduction while it is still in cache.
         """
         self._check_idle()
         if self.size == 1:
             self.rounds += 1
             return
-        deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
-        self._transport.before_send()
-        n, step = self.buffer.size, self._chunk
-        if self._transport.staged or self.buffer.on_device:
-            for lo in range(0, n, step):
-                self.comm.Allreduce(MPI.IN_PLACE, self._transport.part(lo, lo + step), MPI.SUM)
-            self._transport.after_recv()
-            self._finish()
-            return
+        t = self._transport
+        t.before_send()
+        n = self.buffer.size
+        head = min(n, _FENCE_ELEMENTS)
+        self._wait(self.comm.Iallreduce(MPI.IN_PLACE, t.part(0, head), MPI.SUM), "average")
+        in_place = not (t.staged or self.buffer.on_device)
         array, inv = self.buffer.array, 1.0 / self.size
-        for lo in range(0, n, step):  # scale each chunk while it is still in cache
-            self.comm.Allreduce(MPI.IN_PLACE, self._transport.part(lo, lo + step), MPI.SUM)
-            kernels.scale(array[lo:lo + step], inv)
+        if in_place:
+            kernels.scale(array[:head], inv)
+        for lo in range(head, n, self._chunk):
+            hi = min(n, lo + self._chunk)
+            self.comm.Allreduce(MPI.IN_PLACE, t.part(lo, hi), MPI.SUM)
+            if in_place:
+                kernels.scale(array[lo:hi], inv)
+        if not in_place:
+            t.after_recv()
+            kernels.scale(array, inv)
         self.rounds += 1
 
     def start(self):
