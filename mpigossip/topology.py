@@ -9,13 +9,14 @@ Mixing weights are uniform: a rank keeps ``1/(d_out + 1)`` of its mass and sends
 same share to each of its ``d_out`` out-peers, so every mixing matrix is column-stochastic.
 """
 
+import abc
 import math
 import random
 from fractions import Fraction
 
 
-class Topology:
-    """Base class. Subclasses define :meth:`_out` and :attr:`period`."""
+class Topology(abc.ABC):
+    """Base class. Subclasses define :meth:`_out` and, if not 1, :attr:`period`."""
 
     #: Whether the graph, as bound, may send a rank's message to itself.
     allow_self = False
@@ -57,8 +58,9 @@ class Topology:
         """Number of steps after which the sequence of graphs repeats."""
         return 1
 
+    @abc.abstractmethod
     def _out(self, rank, step):
-        raise NotImplementedError
+        """Out-peers of ``rank`` at ``step`` for a bound size > 1 (sorted, distinct)."""
 
     def out_peers(self, rank, step):
         """Ranks that ``rank`` sends to at ``step`` (sorted, no duplicates)."""

@@ -16,6 +16,8 @@ optimizer that cached tensors of its own, e.g. fused state, must be built afterw
 Wrappers work with any torch optimizer; they see only the parameters.
 """
 
+import abc
+
 import numpy as np
 import torch
 from mpi4py import MPI
@@ -85,7 +87,7 @@ def broadcast_parameters(flat, comm, root=0):
             array.set(host)
 
 
-class _Wrapper:
+class _Wrapper(abc.ABC):
     """Base of the wrappers: flattens the model, broadcasts rank 0's parameters."""
 
     name = "?"
@@ -100,8 +102,13 @@ class _Wrapper:
         self.steps = 0
         self.comms = [self._make(array) for array in self.flat.arrays]
 
+    @abc.abstractmethod
     def _make(self, array):
-        raise NotImplementedError
+        """The communicator (or worker) for one flat parameter group."""
+
+    @abc.abstractmethod
+    def _step(self):
+        """One iteration's communication."""
 
     def step(self):
         """Call once per iteration, after ``optimizer.step()``."""
@@ -188,7 +195,26 @@ class _Periodic(_Wrapper):
                 setattr(c, key, int(value))
 
 
-class EASGD(_Periodic):
+class _WithServer(_Wrapper):
+    """Wrappers whose groups each have a :class:`ParameterServer` (center = initial parameters)."""
+
+    def _server(self, array):
+        server = ParameterServer(array.size, array.dtype, comm=self.comm, servers=self.servers, init=array)
+        self.servers_.append(server)
+        return server
+
+    def center_parameters(self):
+        """The center variable, one host array per group."""
+        return [s.pull(np.empty(s.size_elements, s.dtype)) for s in self.servers_]
+
+    def free(self):
+        super().free()
+        for s in self.servers_:
+            s.free()
+        self.servers_ = []
+
+
+class EASGD(_WithServer, _Periodic):
     """Elastic Averaging SGD with the center on ``servers`` ranks (co-located with workers)."""
 
     name = "easgd"
@@ -200,24 +226,10 @@ class EASGD(_Periodic):
         super().__init__(model, comm=comm)
 
     def _make(self, array):
-        server = ParameterServer(array.size, array.dtype, comm=self.comm, servers=self.servers,
-                                 init=array)
-        self.servers_.append(server)
-        return ElasticAveraging(array, server, beta=self.beta, tau=self.tau)
+        return ElasticAveraging(array, self._server(array), beta=self.beta, tau=self.tau)
 
 
-    def center_parameters(self):
-        """The center variable (the model EASGD converges to)."""
-        return [s.pull(np.empty(s.size_elements, s.dtype)) for s in self.servers_]
-
-    def free(self):
-        super().free()
-        for s in self.servers_:
-            s.free()
-        self.servers_ = []
-
-
-class ASGD(_Wrapper):
+class ASGD(_WithServer):
     """Asynchronous (Downpour) SGD: push this step's update to the server, pull the center.
 
     Each worker pushes ``1/P`` of its local update (P = world size), so that one round of
@@ -232,11 +244,9 @@ class ASGD(_Wrapper):
         super().__init__(model, comm=comm)
 
     def _make(self, array):
-        server = ParameterServer(array.size, array.dtype, comm=self.comm, servers=self.servers, init=array)
-        self.servers_.append(server)
         self.prev.append(array.copy())
         self.delta.append(array.copy())
-        return _AsyncWorker(array, server)
+        return _AsyncWorker(array, self._server(array))
 
     def _step(self):
         for worker, array, prev, delta in zip(self.comms, self.flat.arrays, self.prev, self.delta):
@@ -244,12 +254,6 @@ class ASGD(_Wrapper):
             kernels.weighted_sum(delta, array, share, [prev], [-share])  # delta = (x - prev) / P
             worker.step(delta)                                     # center += delta; x = center
             prev[...] = array
-
-    def free(self):
-        super().free()
-        for s in self.servers_:
-            s.free()
-        self.servers_ = []
 
 
 class GossipPull(_Periodic):
