@@ -111,7 +111,7 @@ class ParameterServer(Communicator):
         data = buf.array.get() if buf.on_device else buf.array
         requests = [self.win.Raccumulate([data[lo:hi], self.datatype], s, op=MPI.SUM)
                     for s, (lo, hi) in enumerate(self.bounds)]
-        self._wait(requests, "push (Raccumulate)", peer=self._pending_servers(requests))
+        self._wait(requests, "push (Raccumulate)", peer=list)  # request i goes to server rank i
         for s in range(self.servers):
             self.win.Flush(s)
         self.pushes += 1
@@ -124,15 +124,11 @@ class ParameterServer(Communicator):
         requests = [self.win.Rget_accumulate([self._origin[:hi - lo], self.datatype],
                                              [host[lo:hi], self.datatype], s, op=MPI.NO_OP)
                     for s, (lo, hi) in enumerate(self.bounds)]
-        self._wait(requests, "pull (Rget_accumulate)", peer=self._pending_servers(requests))
+        self._wait(requests, "pull (Rget_accumulate)", peer=list)  # request i goes to server rank i
         if buf.on_device:
             buf.array.set(host)
         self.pulls += 1
         return out
-
-    @staticmethod
-    def _pending_servers(requests):
-        return lambda pending: list(pending)  # request index == server rank
 
     def serve(self, poll=1e-3):
         """Dedicated server ranks: stay in MPI (driving passive-target progress) until every

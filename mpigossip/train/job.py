@@ -238,9 +238,7 @@ class Run:
         torch.manual_seed(args.seed)
         self.model = models.build(args.model, self.data.shape, self.data.classes).to(self.device)
         self.eval_model = models.build(args.model, self.data.shape, self.data.classes).to(self.device)
-        self.algo = mgt.make(algorithm, self.model, comm=comm, beta=args.beta, tau=args.tau,
-                             servers=args.servers, seed=args.seed, peers=args.peers, max_delay=args.max_delay,
-                             topology=topo_mod.make(args.topology, peers=args.peers, seed=args.seed))
+        self.algo = self._make_algorithm()
         self.eval_flat = mgt.FlatParameters(self.eval_model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=args.momentum,
                                          nesterov=args.nesterov and args.momentum > 0,
@@ -256,6 +254,13 @@ class Run:
         self.times = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0}
         self.metrics_file = None
         self.stop_requested = False
+
+    def _make_algorithm(self):
+        """The algorithm's torch wrapper over ``self.model`` (collective), from the flags."""
+        args = self.args
+        return mgt.make(self.algorithm, self.model, comm=self.comm, beta=args.beta, tau=args.tau,
+                        servers=args.servers, seed=args.seed, peers=args.peers, max_delay=args.max_delay,
+                        topology=topo_mod.make(args.topology, peers=args.peers, seed=args.seed))
 
     # -- evaluation (collective) --------------------------------------------------
     def _accuracy(self, model, x, y):
@@ -325,11 +330,7 @@ class Run:
             mean = {k: sum(s["model"][k].double() for s in states) / len(states) for k in states[0]["model"]}
             self.model.load_state_dict({k: v.to(states[0]["model"][k].dtype) for k, v in mean.items()})
             self.algo.free()
-            self.algo = mgt.make(self.algorithm, self.model, comm=self.comm, beta=self.args.beta,
-                                 tau=self.args.tau, servers=self.args.servers, seed=self.args.seed,
-                                 peers=self.args.peers, max_delay=self.args.max_delay,
-                                 topology=topo_mod.make(self.args.topology, peers=self.args.peers,
-                                                        seed=self.args.seed))
+            self.algo = self._make_algorithm()
         self.start_step = int(meta["step"])
         if self.rank == 0 and not self.args.quiet:
             print(f"resumed {self.algorithm} from {step_dir} (step {self.start_step}, "
