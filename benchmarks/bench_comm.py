@@ -1,21 +1,27 @@
 """Communication benchmark: mpigossip's communicators against raw mpi4py on the same bytes.
 
-    mpigossip-mpiexec -n 4 python benchmarks/bench_comm.py [--sizes-mb 4 16 64] [--repeats 15] [--out FILE]
+    mpigossip-mpiexec -n 4 python benchmarks/bench_comm.py [--sizes-mb 4 16 64] [--repeats 25] [--out FILE]
 
-Each pair (ours, raw) is timed alternately in the same run, repeat after repeat, and the
-ratio of medians is reported, so machine noise hits both sides alike. Times are the max
-over ranks of each round (the slowest rank sets the pace).
+Each pair (ours, other) is timed alternately in the same run, repeat after repeat, so
+machine noise hits both sides alike. A round's time is the max over ranks (the slowest
+rank sets the pace). The ratio is the median of the per-repeat ratios ours/other, with
+its quartiles, so one noisy repeat moves neither.
+
+Two kinds of "other": the raw MPI call on the same bytes (the issue's targets), and the
+raw MPI call followed by the arithmetic the algorithm cannot skip (the 1/n of a mean,
+PushSum's combine, done by the same kernels): that second ratio is the cost of the
+communicator itself.
 """
 
 import argparse
 import json
-import statistics
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 import mpigossip as mg
+from mpigossip import kernels
 
 
 def timed(comm, fn):
@@ -25,19 +31,23 @@ def timed(comm, fn):
     return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
-def side_by_side(comm, a, b, repeats):
+def side_by_side(comm, what, mb, ours, other, repeats):
+    """Time ``ours`` and ``other`` alternately; a result row."""
+    ours(), other()  # warm up
     ta, tb = [], []
-    a(), b()  # warm up
     for _ in range(repeats):
-        ta.append(timed(comm, a))
-        tb.append(timed(comm, b))
-    return statistics.median(ta), statistics.median(tb)
+        ta.append(timed(comm, ours))
+        tb.append(timed(comm, other))
+    ratios = np.array(ta) / np.array(tb)
+    q1, median, q3 = np.percentile(ratios, [25, 50, 75])
+    return {"what": what, "mb": mb, "ranks": comm.size, "ours_ms": float(np.median(ta)) * 1e3,
+            "other_ms": float(np.median(tb)) * 1e3, "ratio": float(median), "q1": float(q1), "q3": float(q3)}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[4, 16, 64])
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
@@ -47,41 +57,52 @@ def main():
         n = int(mb * 2 ** 20) // 4
         x = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
         raw = x.copy()
+        inv = 1.0 / size
+
+        def allreduce():
+            comm.Allreduce(MPI.IN_PLACE, raw, MPI.SUM)
+
+        def allreduce_and_scale():
+            comm.Allreduce(MPI.IN_PLACE, raw, MPI.SUM)
+            kernels.scale(raw, inv)
 
         avg = mg.AllreduceAverager(x, comm=comm)
-        ours, theirs = side_by_side(comm, avg.average,
-                                    lambda: comm.Allreduce(MPI.IN_PLACE, raw, MPI.SUM), args.repeats)
-        rows.append({"what": "AllreduceAverager.average / Allreduce", "mb": mb, "ranks": size,
-                     "ours_ms": ours * 1e3, "raw_ms": theirs * 1e3, "ratio": ours / theirs})
+        rows.append(side_by_side(comm, "AllreduceAverager.average / Allreduce", mb, avg.average, allreduce,
+                                 args.repeats))
+        rows.append(side_by_side(comm, "AllreduceAverager.average / Allreduce+scale", mb, avg.average,
+                                 allreduce_and_scale, args.repeats))
         avg.free()
 
         if size > 1:
-            topo = mg.topology.ExponentialGraph(peers=1)
-            ps = mg.PushSum(x, comm=comm, topology=topo)
+            ps = mg.PushSum(x, comm=comm, topology=mg.topology.ExponentialGraph(peers=1))
             bound = ps.topology
             recv = np.empty_like(raw)
             step = [0]
 
-            def raw_exchange():  # the same messages PushSum sends, without arithmetic
+            def exchange():  # the same messages PushSum sends, without arithmetic
                 k = step[0]
                 step[0] += 1
                 (dst,), (src,) = bound.out_peers(rank, k), bound.in_peers(rank, k)
                 MPI.Request.Waitall([comm.Irecv(recv, source=src, tag=7), comm.Isend(raw, dest=dst, tag=7)])
 
-            ours, theirs = side_by_side(comm, ps.step, raw_exchange, args.repeats)
-            rows.append({"what": "PushSum.step / raw Isend+Irecv", "mb": mb, "ranks": size,
-                         "ours_ms": ours * 1e3, "raw_ms": theirs * 1e3, "ratio": ours / theirs})
+            def exchange_and_combine():  # plus the combine PushSum must do: raw = (raw + recv) / 2
+                exchange()
+                kernels.weighted_sum(raw, raw, 0.5, [recv], [0.5])
+
+            rows.append(side_by_side(comm, "PushSum.step / Isend+Irecv", mb, ps.step, exchange, args.repeats))
+            rows.append(side_by_side(comm, "PushSum.step / Isend+Irecv+combine", mb, ps.step,
+                                     exchange_and_combine, args.repeats))
             avg = mg.AllreduceAverager(raw, comm=comm)
-            ours, theirs = side_by_side(comm, ps.step, avg.average, args.repeats)
-            rows.append({"what": "PushSum.step / AllreduceAverager.average", "mb": mb, "ranks": size,
-                         "ours_ms": ours * 1e3, "raw_ms": theirs * 1e3, "ratio": ours / theirs})
+            rows.append(side_by_side(comm, "PushSum.step / AllreduceAverager.average", mb, ps.step, avg.average,
+                                     args.repeats))
             avg.free()
             ps.free()
     if rank == 0:
-        print(f"{'comparison':<42} {'MB':>6} {'ranks':>5} {'ours ms':>9} {'other ms':>9} {'ratio':>6}")
+        print(f"{'comparison':<44} {'MB':>5} {'ranks':>5} {'ours ms':>8} {'other ms':>8} {'ratio':>6} "
+              f"{'quartiles':>11}")
         for r in rows:
-            print(f"{r['what']:<42} {r['mb']:>6g} {r['ranks']:>5} {r['ours_ms']:>9.2f} {r['raw_ms']:>9.2f} "
-                  f"{r['ratio']:>6.3f}")
+            print(f"{r['what']:<44} {r['mb']:>5g} {r['ranks']:>5} {r['ours_ms']:>8.2f} {r['other_ms']:>8.2f} "
+                  f"{r['ratio']:>6.3f} {r['q1']:>5.2f}-{r['q3']:<5.2f}")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(rows, f, indent=2)

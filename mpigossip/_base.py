@@ -6,6 +6,13 @@ from mpi4py import MPI
 from . import deadline
 
 
+def check_chunk_bytes(chunk_bytes):
+    """The problem with a ``chunk_bytes`` argument, or None."""
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        return f"chunk_bytes must be a positive integer, got {chunk_bytes!r}"
+    return None
+
+
 class Communicator:
     """Base of the communicators. Owns ``self.comm``, a ``Dup`` of the user's communicator,
     so mpigossip's messages never match the user's own."""

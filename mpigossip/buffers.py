@@ -165,12 +165,16 @@ def describe(buf):
     return (buf.size, str(buf.dtype), "cuda" if buf.on_device else "cpu")
 
 
-def check_buffer(obj, *, comm, op, name="buffer", timeout=None):
+def check_buffer(obj, *, comm, op, name="buffer", timeout=None, same=None):
     """Collective: check ``obj`` on every rank and that all ranks agree on length and dtype.
 
-    Returns the :class:`Buffer`. If any rank's buffer is invalid, or lengths or dtypes
-    differ, every rank raises the same ``ValueError`` naming the ranks and the problem,
-    instead of hanging or truncating in a later transfer.
+    Args:
+        same: optional ``{argument name: value}`` of settings that must also be equal on
+            every rank (e.g. a chunk size that fixes how many messages are sent).
+
+    Returns the :class:`Buffer`. If any rank's buffer is invalid, or lengths, dtypes or
+    ``same`` values differ, every rank raises the same ``ValueError`` naming the ranks
+    and the problem, instead of hanging or truncating in a later transfer.
     """
     timeout = deadline.check_timeout(timeout)
     buf, error = None, None
@@ -178,12 +182,18 @@ def check_buffer(obj, *, comm, op, name="buffer", timeout=None):
         buf = as_buffer(obj, name=name)
     except (TypeError, ValueError) as exc:
         error = str(exc)
-    infos = deadline.allgather(comm, error or describe(buf), timeout=timeout, op=op)
-    deadline.raise_collectively(comm, error, timeout=timeout, op=op)
-    shapes = {info[:2] for info in infos}
+    same = dict(same or {})
+    infos = deadline.allgather(comm, (error, None if error else describe(buf), same), timeout=timeout, op=op)
+    deadline.raise_gathered([e for e, _, _ in infos], op=op)
+    shapes = {info[:2] for _, info, _ in infos}
     if len(shapes) > 1:
-        detail = ", ".join(f"rank {r}: {n} x {d}" for r, (n, d, _) in enumerate(infos))
+        detail = ", ".join(f"rank {r}: {n} x {d}" for r, (_, (n, d, _), _) in enumerate(infos))
         raise ValueError(f"{op}: {name} differs across ranks (length x dtype): {detail}")
+    for key in same:
+        values = [s.get(key) for _, _, s in infos]
+        if any(v != values[0] for v in values):
+            detail = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+            raise ValueError(f"{op}: {key} differs across ranks: {detail}")
     return buf
 
 

@@ -129,7 +129,12 @@ def raise_collectively(comm, error, *, timeout, op, exc=ValueError):
     Every rank raises with one message listing each rank's problem, so a bad
     argument on one rank never leaves the others hanging in a later collective.
     """
-    errors = allgather(comm, error, timeout=timeout, op=op)
+    raise_gathered(allgather(comm, error, timeout=timeout, op=op), op=op, exc=exc)
+
+
+def raise_gathered(errors, *, op, exc=ValueError):
+    """Raise ``exc`` listing every rank's problem, if any; ``errors[r]`` is rank r's
+    problem (string) or ``None``, as gathered on every rank."""
     bad = [(r, e) for r, e in enumerate(errors) if e]
     if not bad:
         return

@@ -8,7 +8,10 @@ ranks (plus what is in flight) are conserved; ``z = x / w`` converges to the ave
 Two modes:
 
 * ``step()``: synchronous. ``x`` itself is sent (zero-copy) and each receiver scales
-  what it receives by the sender's share, in the same fused pass that combines.
+  what it receives by the sender's share, in the same fused pass that combines. The
+  buffer travels in chunks through a few receive slots per in-peer: each chunk is
+  combined as soon as it has arrived, while later chunks are still on the wire, and the
+  receive memory is ``slots * chunk_bytes`` per in-peer, not a copy of the model.
 * ``start()`` ... ``finish()``: overlap (OSGP). ``start()`` splits off the share into a
   send buffer and posts the sends; ``finish()`` adds whatever has arrived, and blocks only
   on messages sent ``max_delay`` or more steps ago. Progress comes from ``Test`` calls at
@@ -21,7 +24,7 @@ import numpy as np
 
 from . import buffers, kernels
 from . import topology as topo_mod
-from ._base import Communicator
+from ._base import Communicator, check_chunk_bytes
 
 _TAG_STEPS = 1 << 14  # steps before tags repeat; far more than can ever be in flight
 
@@ -53,15 +56,21 @@ class PushSum(Communicator):
         z: optional buffer of x's kind receiving ``x / w`` in the same pass as each combine.
         timeout: seconds any wait may take before the job is aborted.
         cuda_aware, stage: see :class:`mpigossip.buffers.Transport`.
+        chunk_bytes: ``step()`` sends and combines the buffer in chunks of this size
+            (4 MiB), through ``slots`` (2) receive slots per in-peer: receive memory is
+            ``slots * chunk_bytes`` per in-peer, not a copy of the model. Same on every rank.
+            A staged buffer (device memory without CUDA-aware MPI) goes in one piece.
     """
 
     _name = "PushSum"
 
     def __init__(self, x, *, comm, topology=None, max_delay=0, weight=1.0, z=None, timeout=None,
-                 cuda_aware=None, stage=None):
+                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2):
         super().__init__(comm, timeout)
-        error = None
+        error = check_chunk_bytes(chunk_bytes)
         try:
+            if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+                raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
             if topology is None:
                 topology = topo_mod.ExponentialGraph(peers=1)
             if not isinstance(topology, topo_mod.Topology):
@@ -74,10 +83,11 @@ class PushSum(Communicator):
             if not float(weight) > 0:
                 raise ValueError(f"weight must be > 0, got {weight!r}")
         except (TypeError, ValueError) as exc:
-            error = str(exc)
+            error = error or str(exc)
         self._validate(error)
         try:
-            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout)
+            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout,
+                                               same={"chunk_bytes": chunk_bytes, "slots": slots})
             zbuf = None if z is None else buffers.as_buffer(z, name="z")
             if zbuf is not None and buffers.describe(zbuf) != buffers.describe(self.buffer):
                 raise ValueError(f"{self._name}: z must match x ({self.buffer}), got {zbuf}")
@@ -89,7 +99,12 @@ class PushSum(Communicator):
         self.step_count = 0
         self._cuda_aware, self._stage = cuda_aware, stage
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
-        self._recv = []        # receive Transports (scratch), grown on demand
+        n = self.buffer.size
+        # step(): elements per chunk and slots per in-peer; a staged buffer goes whole.
+        self._chunk = n if self._x.staged else min(n, max(1, chunk_bytes // self.buffer.dtype.itemsize))
+        self._slots = 1 if self._x.staged else min(slots, -(-n // self._chunk))
+        self._pipe = []        # step(): one receive Transport of slots * chunk elements per in-peer
+        self._recv = []        # overlap: full-size receive Transports (scratch), grown on demand
         self._recv_free = []   # indices of free receive slots (overlap mode)
         self._send = []        # overlap: send Transports
         self._send_free = []
@@ -104,6 +119,13 @@ class PushSum(Communicator):
     def _new_transport(self):
         return buffers.Transport(buffers.scratch(self.buffer), stage=self._stage,
                                  cuda_aware=self._cuda_aware)
+
+    def _pipe_slot(self, index):
+        while len(self._pipe) <= index:
+            size = self._chunk * self._slots
+            self._pipe.append(buffers.Transport(buffers.scratch(self.buffer, size), stage=self._stage,
+                                                cuda_aware=self._cuda_aware))
+        return self._pipe[index]
 
     def _recv_slot(self, index):
         while len(self._recv) <= index:
@@ -125,36 +147,63 @@ class PushSum(Communicator):
 
     # ------------------------------------------------------------------ synchronous
     def step(self):
-        """One synchronous PushSum round along this step's out-peers."""
+        """One synchronous PushSum round along this step's out-peers.
+
+        ``x`` goes out in chunks (zero-copy); chunk ``i`` of every in-peer is received into
+        slot ``i % slots``, then combined into ``x`` once the sends of our own chunk ``i``
+        have completed (the out-peers have read it), and the slot is reposted for chunk
+        ``i + slots``. Every wait has the deadline and names the peers it waits for.
+        """
         self._check_open()
         if self.in_flight:
             raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
         k = self.step_count
+        op = f"step (step {k})"
         outs = self.topology.out_peers(self.rank, k)
         ins = self.topology.in_peers(self.rank, k)
+        tag, wtag = _tag(k), _tag(k, True)
         wrecv = np.zeros(len(ins), dtype=np.float64)
         wsend = np.array([self.weight], dtype=np.float64)
-        requests, peers = [], []
+        weights = [self.comm.Irecv(wrecv[j:j + 1], source=src, tag=wtag) for j, src in enumerate(ins)]
+        weights += [self.comm.Isend(wsend, dest=dst, tag=wtag) for dst in outs]
         self.buffer.synchronize()  # no device work still reads the receive slots
-        for j, src in enumerate(ins):
-            slot = self._recv_slot(j)
-            requests += [self.comm.Irecv(slot.spec, source=src, tag=_tag(k)),
-                         self.comm.Irecv(wrecv[j:j + 1], source=src, tag=_tag(k, True))]
-            peers += [src, src]
         self._x.before_send()
-        for dst in outs:
-            requests += [self.comm.Isend(self._x.spec, dest=dst, tag=_tag(k)),
-                         self.comm.Isend(wsend, dest=dst, tag=_tag(k, True))]
-            peers += [dst, dst]
-        self._wait(requests, f"step (step {k})", peer=lambda pending: sorted({peers[i] for i in pending}))
-        recvs = []
-        for j in range(len(ins)):
-            self._recv[j].after_recv()
-            recvs.append(self._recv[j].buffer.array)
+        n, chunk, nslots = self.buffer.size, self._chunk, self._slots
+        bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
+        # Same (source, tag) for every chunk: MPI matches them in order (non-overtaking).
+        sends = [[self.comm.Isend(self._x.part(lo, hi), dest=dst, tag=tag) for dst in outs]
+                 for lo, hi in bounds]
+        slots = [self._pipe_slot(j) for j in range(len(ins))]
+        recvs = {}
+
+        def post(i):
+            lo, hi = bounds[i]
+            at = (i % nslots) * chunk
+            recvs[i] = [self.comm.Irecv(slot.part(at, at + hi - lo), source=src, tag=tag)
+                        for slot, src in zip(slots, ins)]
+
+        for i in range(nslots):
+            post(i)
+        peers = ins + outs
+        named = lambda pending: sorted({peers[i] for i in pending})  # noqa: E731
+        self._wait(weights, op, peer=named)
         shares = [self._share(src, k) for src in ins]
         p = 1.0 / (len(outs) + 1)
         self.weight = p * self.weight + sum(s * float(wj) for s, wj in zip(shares, wrecv))
-        self._combine(p, recvs, shares)
+        x = self.buffer.array
+        z = None if self._zbuf is None else self._zbuf.array
+        for i, (lo, hi) in enumerate(bounds):
+            self._wait(recvs.pop(i) + sends[i], op, peer=named)
+            at = (i % nslots) * chunk
+            parts = []
+            for slot in slots:
+                slot.after_recv()
+                parts.append(slot.buffer.array[at:at + hi - lo])
+            kernels.weighted_sum(x[lo:hi], x[lo:hi], p, parts, shares,
+                                 z=None if z is None else z[lo:hi], w=self.weight)
+            if i + nslots < len(bounds):
+                self.buffer.synchronize()  # the combine has read the slot before MPI rewrites it
+                post(i + nslots)
         self.step_count += 1
 
     def _combine(self, self_weight, recvs, weights):

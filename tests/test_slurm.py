@@ -127,6 +127,8 @@ def test_bench_job(slurm):
                                                               "OUT": str(out)})
     assert proc.returncode == 0, proc.stderr + log.read_text()
     rows = json.load(open(out / "comm.json"))
-    assert {r["what"] for r in rows} >= {"AllreduceAverager.average / Allreduce", "PushSum.step / raw Isend+Irecv"}
+    assert {r["what"] for r in rows} >= {"AllreduceAverager.average / Allreduce", "PushSum.step / Isend+Irecv",
+                                       "PushSum.step / Isend+Irecv+combine"}
+    assert all(r["q1"] <= r["ratio"] <= r["q3"] for r in rows)
     table = (out / "stragglers" / "compare.md").read_text()
     assert all(f"| {a} |" in table for a in ("allreduce", "sgp", "osgp", "gossip-pull", "easgd"))

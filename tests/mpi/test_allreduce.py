@@ -86,3 +86,28 @@ def test_misuse():
     assert "freed" in repr(avg)
     with pytest.raises(ValueError, match="timeout"):
         mg.AllreduceAverager(np.zeros(3), comm=c, timeout=0)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("chunk_bytes", [8, 24, 1000, 1 << 20])
+def test_chunked_average_is_exact(chunk_bytes):
+    """Chunks of 1 and 3 elements, a ragged last chunk, one chunk: every element reduced once."""
+    c = comm()
+    x = (np.arange(1001) * (c.rank + 1)).astype(np.float64)
+    with mg.AllreduceAverager(x, comm=c, chunk_bytes=chunk_bytes) as avg:
+        avg.average()
+    np.testing.assert_array_equal(x, np.arange(1001) * (c.size + 1) / 2.0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_chunk_bytes_must_agree_and_be_positive_on_every_rank():
+    """Different chunk sizes would pair chunks of different lengths in Allreduce."""
+    c = comm()
+    with pytest.raises(ValueError) as err:
+        mg.AllreduceAverager(np.zeros(100), comm=c, chunk_bytes=64 if c.rank else 128)
+    assert "chunk_bytes differs across ranks" in str(err.value) and "rank 0: 128" in str(err.value)
+    assert same_on_all_ranks(c, str(err.value))
+    with pytest.raises(ValueError) as err:
+        mg.AllreduceAverager(np.zeros(100), comm=c, chunk_bytes=0 if c.rank == 1 else 64)
+    assert "rank 1: chunk_bytes must be a positive integer, got 0" in str(err.value)
+    assert same_on_all_ranks(c, str(err.value))
