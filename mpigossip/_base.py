@@ -14,7 +14,7 @@ def check_chunk_bytes(chunk_bytes):
 
 
 class Communicator:
-    """Base of the communicators. Owns ``self.comm``, a ``Dup`` of the user's communicator,
+    """Base of the communicators. Owns ``self.comm``, a duplicate of the user's communicator,
     so mpigossip's messages never match the user's own."""
 
     _name = "Communicator"
@@ -22,10 +22,13 @@ class Communicator:
     def __init__(self, comm, timeout):
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"{self._name}: comm must be an mpi4py intracommunicator, got {comm!r}")
-        # Validate the timeout before the collective Dup, so a bad value fails locally at once;
+        # Validate the timeout before the collective Idup, so a bad value fails locally at once;
         # every rank passing the same arguments then raises the same error.
         self.timeout = deadline.check_timeout(timeout)
-        self.comm = comm.Dup()
+        # Nonblocking duplicate under the deadline: a rank that never constructs is caught here.
+        self.comm, request = comm.Idup()
+        deadline.wait(request, comm=comm, timeout=self.timeout, op=f"{self._name} (construction)",
+                      peer="all ranks (Idup)")
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
 

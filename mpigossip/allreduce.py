@@ -55,7 +55,7 @@ class AllreduceAverager(Communicator):
             return
         t = self._transport
         t.before_send()
-        self._wait(self.comm.Ibarrier(), "average", peer="any (Ibarrier)")
+        self._wait(self.comm.Ibarrier(), "average", peer="all ranks (Ibarrier)")
         in_place = not (t.staged or self.buffer.on_device)
         array, inv = self.buffer.array, 1.0 / self.size
         n = self.buffer.size
@@ -85,7 +85,7 @@ class AllreduceAverager(Communicator):
         """Complete the started average and scale by ``1/size``."""
         if self._request is None:
             raise RuntimeError(f"{self._name}.wait(): start() was not called")
-        self._wait(self._request, "wait", peer="any (Iallreduce)")
+        self._wait(self._request, "wait", peer="all ranks (Iallreduce)")
         self._request = None
         self._transport.after_recv()
         self._finish()

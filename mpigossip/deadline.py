@@ -60,8 +60,8 @@ def wait(requests, *, comm, timeout, op, peer=None):
         comm: communicator used to name the rank and to ``Abort``.
         timeout: seconds to wait.
         op: name of the operation, for the message (e.g. ``"PushSum.step"``).
-        peer: rank, list of ranks, or a callable ``peer(pending_indices)`` naming
-            whom the unfinished requests wait for.
+        peer: rank, list of ranks, a description (``"all ranks (Ibarrier)"``), or a
+            callable ``peer(pending_indices)`` naming whom the unfinished requests wait for.
     """
     if isinstance(requests, MPI.Request):
         requests = [requests]
@@ -93,7 +93,10 @@ def _poll(requests, comm, timeout, op, peer, start):
             who = peer(pending) if callable(peer) else peer
             if isinstance(who, (list, tuple)):
                 who = ", ".join(str(p) for p in who) or "?"
-            suffix = f" waiting for rank {who}" if who is not None else ""
+            if isinstance(who, str) and not who[:1].isdigit():
+                suffix = f" waiting for {who}"  # e.g. "all ranks (Ibarrier)"
+            else:
+                suffix = f" waiting for rank {who}" if who is not None else ""
             abort(comm, f"{op}: timed out after {timeout:g} s{suffix}")
         if now < spin_until:
             time.sleep(0)  # yield the core (ranks may outnumber cores), then poll again
@@ -113,6 +116,27 @@ def allgather(comm, obj, *, timeout, op):
     wait(comm.Iallgatherv(data, [out, counts, displs, MPI.BYTE]),
          comm=comm, timeout=timeout, op=f"{op} (allgather)")
     return [pickle.loads(out[d:d + c].tobytes()) for d, c in zip(displs, counts)]
+
+
+def allreduce(comm, values, *, timeout, op, reduce=MPI.SUM):
+    """``Allreduce`` of a number or a numpy array with a deadline (``Iallreduce``).
+
+    Returns a Python number for a number, else the reduced array: ``values`` itself,
+    reduced in place, if it is a contiguous numpy array.
+    """
+    scalar = np.ndim(values) == 0
+    array = np.array([values]) if scalar else values
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    wait(comm.Iallreduce(MPI.IN_PLACE, array, reduce), comm=comm, timeout=timeout, op=op,
+         peer="all ranks (Iallreduce)")
+    return array[0].item() if scalar else array
+
+
+def bcast(comm, array, *, timeout, op, root=0):
+    """``Bcast`` of a contiguous numpy array in place, with a deadline (``Ibcast``)."""
+    wait(comm.Ibcast(array, root=root), comm=comm, timeout=timeout, op=op, peer=f"{root} (Ibcast root)")
+    return array
 
 
 def barrier(comm, *, timeout, op):

@@ -13,7 +13,8 @@ whole group. Every wrapper has the same contract::
 Create the wrapper before the optimizer: flattening re-points ``param.data`` (the
 ``Parameter`` objects the optimizer holds stay the same, so either order works, but an
 optimizer that cached tensors of its own, e.g. fused state, must be built afterwards).
-Wrappers work with any torch optimizer; they see only the parameters.
+Wrappers work with any torch optimizer; they see only the parameters. Every wrapper takes
+``timeout=`` (seconds any of its waits may take, default ``$MPIGOSSIP_TIMEOUT`` or 300).
 """
 
 import abc
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from . import buffers, kernels
+from . import buffers, deadline, kernels
 from . import topology as topo_mod
 from .allreduce import AllreduceAverager
 from .elastic import AsyncSGD as _AsyncWorker
@@ -78,11 +79,13 @@ class FlatParameters:
         return sum(g.numel() for g in self.groups)
 
 
-def broadcast_parameters(flat, comm, root=0):
-    """Make every rank start from root's parameters."""
+def broadcast_parameters(flat, comm, root=0, *, timeout=None):
+    """Make every rank start from root's parameters (with a deadline)."""
+    timeout = deadline.check_timeout(timeout)
     for array in flat.arrays:
         host = array if isinstance(array, np.ndarray) else array.get()
-        comm.Bcast([host, buffers.mpi_datatype(host.dtype)], root=root)
+        deadline.wait(comm.Ibcast([host, buffers.mpi_datatype(host.dtype)], root=root), comm=comm,
+                      timeout=timeout, op="broadcast_parameters", peer=f"{root} (Ibcast root)")
         if not isinstance(array, np.ndarray):
             array.set(host)
 
@@ -92,13 +95,14 @@ class _Wrapper(abc.ABC):
 
     name = "?"
 
-    def __init__(self, model, *, comm, broadcast=True):
+    def __init__(self, model, *, comm, broadcast=True, timeout=None):
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
         self.model, self.comm = model, comm
+        self.timeout = deadline.check_timeout(timeout)
         self.flat = FlatParameters(model)
         if broadcast:
-            broadcast_parameters(self.flat, comm)
+            broadcast_parameters(self.flat, comm, timeout=self.timeout)
         self.steps = 0
         self.comms = [self._make(array) for array in self.flat.arrays]
 
@@ -120,7 +124,7 @@ class _Wrapper(abc.ABC):
         out = []
         for g in self.model_buffers():
             host = g.detach().cpu().numpy().astype(np.float64)
-            self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+            deadline.allreduce(self.comm, host, timeout=self.timeout, op=f"{self.name} consensus_parameters")
             out.append(host / self.comm.Get_size())
         return out
 
@@ -166,7 +170,7 @@ class AllReduce(_Wrapper):
     name = "allreduce"
 
     def _make(self, array):
-        return AllreduceAverager(array, comm=self.comm)
+        return AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
 
     def _step(self):
         for c in self.comms:
@@ -199,7 +203,8 @@ class _WithServer(_Wrapper):
     """Wrappers whose groups each have a :class:`ParameterServer` (center = initial parameters)."""
 
     def _server(self, array):
-        server = ParameterServer(array.size, array.dtype, comm=self.comm, servers=self.servers, init=array)
+        server = ParameterServer(array.size, array.dtype, comm=self.comm, servers=self.servers, init=array,
+                                 timeout=self.timeout)
         self.servers_.append(server)
         return server
 
@@ -220,10 +225,10 @@ class EASGD(_WithServer, _Periodic):
     name = "easgd"
     _counters = ("calls", "exchanges")
 
-    def __init__(self, model, *, comm, beta=0.5, tau=4, servers=1):
+    def __init__(self, model, *, comm, beta=0.5, tau=4, servers=1, timeout=None):
         self.beta, self.tau, self.servers = beta, tau, servers
         self.servers_ = []
-        super().__init__(model, comm=comm)
+        super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
         return ElasticAveraging(array, self._server(array), beta=self.beta, tau=self.tau)
@@ -239,9 +244,9 @@ class ASGD(_WithServer):
 
     name = "asgd"
 
-    def __init__(self, model, *, comm, servers=1):
+    def __init__(self, model, *, comm, servers=1, timeout=None):
         self.servers, self.servers_, self.prev, self.delta = servers, [], [], []
-        super().__init__(model, comm=comm)
+        super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
         self.prev.append(array.copy())
@@ -263,12 +268,12 @@ class GossipPull(_Periodic):
     mode = "pull"
     _counters = ("calls", "rounds")
 
-    def __init__(self, model, *, comm, tau=1, seed=0):
+    def __init__(self, model, *, comm, tau=1, seed=0, timeout=None):
         self.tau, self.seed = tau, seed
-        super().__init__(model, comm=comm)
+        super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
-        return Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, tau=self.tau)
+        return Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, tau=self.tau, timeout=self.timeout)
 
 
 
@@ -293,17 +298,17 @@ class SGP(_Wrapper):
     max_delay = 0
     overlap = False
 
-    def __init__(self, model, *, comm, topology=None, peers=1):
+    def __init__(self, model, *, comm, topology=None, peers=1, timeout=None):
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
         self.numerators = []
-        super().__init__(model, comm=comm)
+        super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
         x = array.copy()
         self.numerators.append(x)
         # Synchronous: the combine writes z in the same pass. Overlap: z is written after start().
         return PushSum(x, comm=self.comm, topology=self.topology, z=None if self.overlap else array,
-                       max_delay=self.max_delay)
+                       max_delay=self.max_delay, timeout=self.timeout)
 
     def _apply_update(self):
         for ps, z in zip(self.comms, self.flat.arrays):
@@ -344,9 +349,9 @@ class OSGP(SGP):
     name = "osgp"
     overlap = True
 
-    def __init__(self, model, *, comm, topology=None, peers=1, max_delay=1):
+    def __init__(self, model, *, comm, topology=None, peers=1, max_delay=1, timeout=None):
         self.max_delay = max_delay
-        super().__init__(model, comm=comm, topology=topology, peers=peers)
+        super().__init__(model, comm=comm, topology=topology, peers=peers, timeout=timeout)
 
     def _step(self):
         self._apply_update()
@@ -374,10 +379,11 @@ def _copy_in(array, host):
 
 def make(name, model, *, comm, **options):
     """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`), passing the options it takes."""
-    table = {"allreduce": (AllReduce, ()), "easgd": (EASGD, ("beta", "tau", "servers")),
-             "asgd": (ASGD, ("servers",)), "gossip-pull": (GossipPull, ("tau", "seed")),
-             "gossip-push": (GossipPush, ("tau", "seed")), "sgp": (SGP, ("topology", "peers")),
-             "osgp": (OSGP, ("topology", "peers", "max_delay"))}
+    table = {"allreduce": (AllReduce, ("timeout",)), "easgd": (EASGD, ("beta", "tau", "servers", "timeout")),
+             "asgd": (ASGD, ("servers", "timeout")), "gossip-pull": (GossipPull, ("tau", "seed", "timeout")),
+             "gossip-push": (GossipPush, ("tau", "seed", "timeout")),
+             "sgp": (SGP, ("topology", "peers", "timeout")),
+             "osgp": (OSGP, ("topology", "peers", "max_delay", "timeout"))}
     if name not in table:
         raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
     cls, accepted = table[name]

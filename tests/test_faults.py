@@ -1,6 +1,7 @@
 """A lost rank ends the job with a message naming rank, operation and peer: never a hang."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -29,6 +30,23 @@ def test_lost_peer_ends_job_with_a_named_timeout(how, extra):
     assert proc.returncode != 0, out
     assert "finished without noticing" not in out
     assert "mpigossip: rank 2/4: PushSum.step (step 5): timed out after 3 s waiting for rank 1" in out, out
+    assert seconds < 60
+
+
+@pytest.mark.parametrize("where, message", [
+    ("construct", r"mpigossip: rank [023]/4: PushSum \(construction\): timed out after 3 s "
+                  r"waiting for all ranks \(Idup\)"),
+    ("average", r"mpigossip: rank [023]/4: AllreduceAverager\.average: timed out after 3 s "
+                r"waiting for all ranks \(Ibarrier\)"),
+])
+def test_hung_peer_before_a_collective_ends_job_with_a_named_timeout(where, message):
+    """Collective construction and the blocking average are guarded too: a rank that never
+    arrives makes the others abort, not hang in a blocking MPI call."""
+    proc, seconds = run(["-n", "4", sys.executable, os.path.join(HERE, "scripts", "lost_peer.py"), "stop", where])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "finished without noticing" not in out
+    assert re.search(message, out), out
     assert seconds < 60
 
 

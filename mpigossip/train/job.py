@@ -260,9 +260,16 @@ class Run:
         args = self.args
         return mgt.make(self.algorithm, self.model, comm=self.comm, beta=args.beta, tau=args.tau,
                         servers=args.servers, seed=args.seed, peers=args.peers, max_delay=args.max_delay,
-                        topology=topo_mod.make(args.topology, peers=args.peers, seed=args.seed))
+                        topology=topo_mod.make(args.topology, peers=args.peers, seed=args.seed),
+                        timeout=self.timeout)
 
     # -- evaluation (collective) --------------------------------------------------
+    def _sum(self, values, reduce=MPI.SUM):
+        """Sum (or ``reduce``) numbers over ranks, with the job's deadline."""
+        out = deadline.allreduce(self.comm, np.asarray(values, dtype=np.float64) if np.ndim(values) else values,
+                                 timeout=self.timeout, op="train (reduce metrics)", reduce=reduce)
+        return out if np.ndim(values) == 0 else [float(v) for v in out]
+
     def _accuracy(self, model, x, y):
         model.eval()
         with torch.no_grad():
@@ -284,13 +291,13 @@ class Run:
         for group, mean, own in zip(self.eval_flat.groups, consensus, self.algo.model_buffers()):
             group.copy_(torch.from_numpy(mean).to(group.dtype))
             distance += float(((own.detach().double().cpu().numpy() - mean) ** 2).sum())
-        distance = math.sqrt(comm.allreduce(distance) / self.size)
+        distance = math.sqrt(self._sum(distance) / self.size)
         n = len(self.x_test)
         lo, hi = self.rank * n // self.size, (self.rank + 1) * n // self.size  # consensus: split the test set
         c_correct, c_loss = self._accuracy(self.eval_model, self.x_test[lo:hi], self.y_test[lo:hi])
-        c_correct, c_loss = comm.allreduce(c_correct), comm.allreduce(c_loss)
+        c_correct, c_loss = self._sum([c_correct, c_loss])
         r_correct, _ = self._accuracy(self.model, self.x_test, self.y_test)  # this rank's own model
-        rank_accs = comm.allgather(r_correct / n)
+        rank_accs = deadline.allgather(comm, r_correct / n, timeout=self.timeout, op="train (evaluate)")
         return {"test_loss": c_loss / n, "test_accuracy": c_correct / n, "consensus_distance": distance,
                 "rank_accuracy_mean": float(np.mean(rank_accs)), "rank_accuracy_min": float(np.min(rank_accs))}
 
@@ -442,12 +449,12 @@ class Run:
                    "model": args.model, "dataset": self.data.name, "final_loss": final["test_loss"],
                    "final_accuracy": final["test_accuracy"], "consensus_distance": final["consensus_distance"],
                    "rank_accuracy_mean": final["rank_accuracy_mean"],
-                   "wall_time_s": comm.allreduce(wall, op=MPI.MAX),
-                   "time_per_step_s": comm.allreduce(wall, op=MPI.MAX) / steps_run,
-                   "compute_time_s": comm.allreduce(self.times["compute_s"]) / self.size,
-                   "comm_time_s": comm.allreduce(self.times["comm_s"]) / self.size,
-                   "wait_time_s": comm.allreduce(self.times["wait_s"]) / self.size,
-                   "blocked_in_mpi_s": comm.allreduce(deadline.waited_seconds() - waited0) / self.size}
+                   "wall_time_s": self._sum(wall, reduce=MPI.MAX),
+                   "time_per_step_s": self._sum(wall, reduce=MPI.MAX) / steps_run,
+                   "compute_time_s": self._sum(self.times["compute_s"]) / self.size,
+                   "comm_time_s": self._sum(self.times["comm_s"]) / self.size,
+                   "wait_time_s": self._sum(self.times["wait_s"]) / self.size,
+                   "blocked_in_mpi_s": self._sum(deadline.waited_seconds() - waited0) / self.size}
         if self.metrics_file is not None:
             self.metrics_file.close()
         if self.out and self.rank == 0:

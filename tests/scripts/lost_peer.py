@@ -1,5 +1,11 @@
-"""Run PushSum steps; rank 1 stops (SIGSTOP: hung) or dies (SIGKILL) after a few steps.
-The others must end the job with a deadline message instead of hanging."""
+"""Rank 1 stops (SIGSTOP: hung) or dies (SIGKILL) at some point; the others must end the
+job with a deadline message instead of hanging.
+
+    lost_peer.py stop|kill [step|construct|average]
+
+step: after 5 PushSum steps; construct: before constructing PushSum (its Idup);
+average: before the 5th AllreduceAverager.average (its Ibarrier guard).
+"""
 
 import os
 import signal
@@ -12,12 +18,25 @@ from mpi4py import MPI
 import mpigossip as mg
 
 how = sys.argv[1]
+where = sys.argv[2] if len(sys.argv) > 2 else "step"
 comm = MPI.COMM_WORLD
 x = np.full(1000, float(comm.rank))
-ps = mg.PushSum(x, comm=comm, topology=mg.topology.RingGraph(), timeout=3)
-for step in range(1000):
-    if comm.rank == 1 and step == 5:
+
+
+def lose(when):
+    if comm.rank == 1 and when:
         os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
-    ps.step()
+
+
+lose(where == "construct")
+if where == "average":
+    ops = mg.AllreduceAverager(x, comm=comm, timeout=3)
+    call = ops.average
+else:
+    ops = mg.PushSum(x, comm=comm, topology=mg.topology.RingGraph(), timeout=3)
+    call = ops.step
+for step in range(1000):
+    lose(step == 5)
+    call()
     time.sleep(0.01)
 print("finished without noticing the lost peer", flush=True)
