@@ -133,10 +133,10 @@ def allreduce(comm, values, *, timeout, op, reduce=MPI.SUM):
     return array[0].item() if scalar else array
 
 
-def bcast(comm, array, *, timeout, op, root=0):
-    """``Bcast`` of a contiguous numpy array in place, with a deadline (``Ibcast``)."""
-    wait(comm.Ibcast(array, root=root), comm=comm, timeout=timeout, op=op, peer=f"{root} (Ibcast root)")
-    return array
+def bcast(comm, buf, *, timeout, op, root=0):
+    """``Bcast`` of a buffer (an array or ``[array, datatype]``) in place, with a deadline (``Ibcast``)."""
+    wait(comm.Ibcast(buf, root=root), comm=comm, timeout=timeout, op=op, peer=f"{root} (Ibcast root)")
+    return buf
 
 
 def barrier(comm, *, timeout, op):

@@ -184,8 +184,11 @@ class PushSum(Communicator):
 
         for i in range(nslots):
             post(i)
-        peers = ins + outs
-        named = lambda pending: sorted({peers[i] for i in pending})  # noqa: E731
+        peers = ins + outs  # the order of the requests in every wait below
+
+        def named(pending):
+            return sorted({peers[i] for i in pending})
+
         self._wait(weights, op, peer=named)
         shares = [self._share(src, k) for src in ins]
         p = 1.0 / (len(outs) + 1)

@@ -84,8 +84,8 @@ def broadcast_parameters(flat, comm, root=0, *, timeout=None):
     timeout = deadline.check_timeout(timeout)
     for array in flat.arrays:
         host = array if isinstance(array, np.ndarray) else array.get()
-        deadline.wait(comm.Ibcast([host, buffers.mpi_datatype(host.dtype)], root=root), comm=comm,
-                      timeout=timeout, op="broadcast_parameters", peer=f"{root} (Ibcast root)")
+        deadline.bcast(comm, [host, buffers.mpi_datatype(host.dtype)], root=root, timeout=timeout,
+                       op="broadcast_parameters")
         if not isinstance(array, np.ndarray):
             array.set(host)
 
