@@ -378,13 +378,14 @@ def _copy_in(array, host):
 
 
 def make(name, model, *, comm, **options):
-    """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`), passing the options it takes."""
-    table = {"allreduce": (AllReduce, ("timeout",)), "easgd": (EASGD, ("beta", "tau", "servers", "timeout")),
-             "asgd": (ASGD, ("servers", "timeout")), "gossip-pull": (GossipPull, ("tau", "seed", "timeout")),
-             "gossip-push": (GossipPush, ("tau", "seed", "timeout")),
-             "sgp": (SGP, ("topology", "peers", "timeout")),
-             "osgp": (OSGP, ("topology", "peers", "max_delay", "timeout"))}
+    """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`), passing the options it takes
+    (and ``timeout``, which every wrapper takes)."""
+    table = {"allreduce": (AllReduce, ()), "easgd": (EASGD, ("beta", "tau", "servers")),
+             "asgd": (ASGD, ("servers",)), "gossip-pull": (GossipPull, ("tau", "seed")),
+             "gossip-push": (GossipPush, ("tau", "seed")), "sgp": (SGP, ("topology", "peers")),
+             "osgp": (OSGP, ("topology", "peers", "max_delay"))}
     if name not in table:
         raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
     cls, accepted = table[name]
-    return cls(model, comm=comm, **{k: v for k, v in options.items() if k in accepted})
+    return cls(model, comm=comm, timeout=options.get("timeout"),
+               **{k: v for k, v in options.items() if k in accepted})

@@ -265,10 +265,10 @@ class Run:
 
     # -- evaluation (collective) --------------------------------------------------
     def _sum(self, values, reduce=MPI.SUM):
-        """Sum (or ``reduce``) numbers over ranks, with the job's deadline."""
-        out = deadline.allreduce(self.comm, np.asarray(values, dtype=np.float64) if np.ndim(values) else values,
-                                 timeout=self.timeout, op="train (reduce metrics)", reduce=reduce)
-        return out if np.ndim(values) == 0 else [float(v) for v in out]
+        """Sum (or ``reduce``) a number or a list of numbers over ranks, with the job's deadline."""
+        out = deadline.allreduce(self.comm, np.asarray(values, dtype=np.float64), timeout=self.timeout,
+                                 op="train (reduce metrics)", reduce=reduce)
+        return out if np.ndim(out) == 0 else out.tolist()
 
     def _accuracy(self, model, x, y):
         model.eval()
@@ -445,16 +445,16 @@ class Run:
         wall = time.perf_counter() - t_start
         steps_run = max(1, self.steps - self.start_step)
         final = self.evaluate() if not last else last
+        wall_max = self._sum(wall, reduce=MPI.MAX)
+        compute, comm_s, wait, blocked = self._sum([self.times["compute_s"], self.times["comm_s"],
+                                                    self.times["wait_s"], deadline.waited_seconds() - waited0])
         summary = {"algorithm": self.algorithm, "world_size": self.size, "steps": self.steps, "lr": self.lr,
                    "model": args.model, "dataset": self.data.name, "final_loss": final["test_loss"],
                    "final_accuracy": final["test_accuracy"], "consensus_distance": final["consensus_distance"],
                    "rank_accuracy_mean": final["rank_accuracy_mean"],
-                   "wall_time_s": self._sum(wall, reduce=MPI.MAX),
-                   "time_per_step_s": self._sum(wall, reduce=MPI.MAX) / steps_run,
-                   "compute_time_s": self._sum(self.times["compute_s"]) / self.size,
-                   "comm_time_s": self._sum(self.times["comm_s"]) / self.size,
-                   "wait_time_s": self._sum(self.times["wait_s"]) / self.size,
-                   "blocked_in_mpi_s": self._sum(deadline.waited_seconds() - waited0) / self.size}
+                   "wall_time_s": wall_max, "time_per_step_s": wall_max / steps_run,
+                   "compute_time_s": compute / self.size, "comm_time_s": comm_s / self.size,
+                   "wait_time_s": wait / self.size, "blocked_in_mpi_s": blocked / self.size}
         if self.metrics_file is not None:
             self.metrics_file.close()
         if self.out and self.rank == 0:
