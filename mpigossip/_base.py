@@ -22,13 +22,15 @@ class Communicator:
     def __init__(self, comm, timeout):
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"{self._name}: comm must be an mpi4py intracommunicator, got {comm!r}")
-        # Validate the timeout before the collective Idup, so a bad value fails locally at once;
+        # Validate the timeout before the collective calls, so a bad value fails locally at once;
         # every rank passing the same arguments then raises the same error.
         self.timeout = deadline.check_timeout(timeout)
-        # Nonblocking duplicate under the deadline: a rank that never constructs is caught here.
-        self.comm, request = comm.Idup()
-        deadline.wait(request, comm=comm, timeout=self.timeout, op=f"{self._name} (construction)",
-                      peer="all ranks (Idup)")
+        # Meet under the deadline first, so a rank that never constructs is caught instead of
+        # hanging the blocking Dup. (Not Idup: with Open MPI 5 under --enable-recovery, aborting
+        # on an Idup'ed communicator sometimes leaves the launcher hanging after every rank exited.)
+        deadline.wait(comm.Ibarrier(), comm=comm, timeout=self.timeout, op=f"{self._name} (construction)",
+                      peer="all ranks (Ibarrier)")
+        self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
 
