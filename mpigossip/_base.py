@@ -28,8 +28,7 @@ class Communicator:
         # Meet under the deadline first, so a rank that never constructs is caught instead of
         # hanging the blocking Dup. (Not Idup: with Open MPI 5 under --enable-recovery, aborting
         # on an Idup'ed communicator sometimes leaves the launcher hanging after every rank exited.)
-        deadline.wait(comm.Ibarrier(), comm=comm, timeout=self.timeout, op=f"{self._name} (construction)",
-                      peer="all ranks (Ibarrier)")
+        deadline.barrier(comm, timeout=self.timeout, op=f"{self._name} (construction)")
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()

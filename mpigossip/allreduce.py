@@ -2,7 +2,7 @@
 
 from mpi4py import MPI
 
-from . import buffers, kernels
+from . import buffers, deadline, kernels
 from ._base import Communicator, check_chunk_bytes
 
 
@@ -55,7 +55,7 @@ class AllreduceAverager(Communicator):
             return
         t = self._transport
         t.before_send()
-        self._wait(self.comm.Ibarrier(), "average", peer="all ranks (Ibarrier)")
+        deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
         in_place = not (t.staged or self.buffer.on_device)
         array, inv = self.buffer.array, 1.0 / self.size
         n = self.buffer.size

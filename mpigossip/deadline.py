@@ -140,8 +140,8 @@ def bcast(comm, buf, *, timeout, op, root=0):
 
 
 def barrier(comm, *, timeout, op):
-    """``Barrier`` with a deadline."""
-    wait(comm.Ibarrier(), comm=comm, timeout=timeout, op=f"{op} (barrier)")
+    """``Barrier`` with a deadline (``Ibarrier``)."""
+    wait(comm.Ibarrier(), comm=comm, timeout=timeout, op=op, peer="all ranks (Ibarrier)")
 
 
 def raise_collectively(comm, error, *, timeout, op, exc=ValueError):
