@@ -7,16 +7,34 @@ Communicators work on one flat contiguous buffer (numpy, cupy or torch):
 * :class:`Gossip` - gossiping SGD, pull (one-sided RMA) or push;
 * :class:`ParameterServer` with :class:`ElasticAveraging` (EASGD) and :class:`AsyncSGD`
   workers - an asynchronous parameter server in passive-target RMA windows.
+
+Importing the package does not initialise MPI: the communicators (and ``mpi4py.MPI``)
+are loaded on first use, so the launcher and the MPI-free commands never start MPI.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
-from . import buffers, kernels, topology  # noqa: E402
-from .allreduce import AllreduceAverager  # noqa: E402
-from .elastic import AsyncSGD, ElasticAveraging  # noqa: E402
-from .gossip import Gossip  # noqa: E402
-from .pushsum import PushSum  # noqa: E402
-from .server import ParameterServer  # noqa: E402
+from . import kernels, topology  # noqa: E402  (neither imports MPI)
+
+_LAZY = {"AllreduceAverager": "allreduce", "AsyncSGD": "elastic", "ElasticAveraging": "elastic",
+         "Gossip": "gossip", "ParameterServer": "server", "PushSum": "pushsum", "buffers": None}
 
 __all__ = ["AllreduceAverager", "AsyncSGD", "ElasticAveraging", "Gossip", "ParameterServer",
            "PushSum", "buffers", "kernels", "topology", "__version__"]
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY[name]
+    value = importlib.import_module(f".{module or name}", __name__)
+    if module is not None:
+        value = getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

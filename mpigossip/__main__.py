@@ -1,47 +1,106 @@
-"""Command line: ``python -m mpigossip {info,train,compare,plot} [...]`` (under mpiexec or srun)."""
+"""Command line: ``python -m mpigossip {info,train,compare,table,plot} [...]`` (under mpiexec or srun).
+
+Flags are parsed and checked before torch is imported or MPI initialised, so a bad flag is
+answered in about a second, by rank 0 only. ``table`` and ``plot`` never start MPI. An
+exception that escapes on any rank ends the whole job (``MPI_Abort``) with that rank's
+traceback, instead of leaving the other ranks waiting.
+"""
 
 import argparse
 import sys
+
+from .train import cli
+
+
+def _print_on_rank0(text):
+    if cli.launcher_rank() in (None, 0):
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def _usage_exit():
+    """Exit with status 2. The other ranks linger a moment, so that the launcher, which ends
+    the job when the first rank exits non-zero, does not cut rank 0 off before it printed."""
+    if cli.launcher_rank() not in (None, 0):
+        import time
+        time.sleep(1.0)
+    sys.exit(2)
 
 
 class _Parser(argparse.ArgumentParser):
     """Prints usage errors on rank 0 only (every rank exits with status 2)."""
 
     def error(self, message):
-        import os
-        rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
-        if rank in (None, "0"):
+        if cli.launcher_rank() in (None, 0):
             self.print_usage(sys.stderr)
-            sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(2)
+        _print_on_rank0(f"{self.prog}: error: {message}\n")
+        _usage_exit()
 
 
 def build_parser():
+    """The parser, and its subcommand parsers by name."""
     parser = _Parser(prog="python -m mpigossip",
                      description="mpigossip: decentralized and asynchronous SGD on MPI")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    info = sub.add_parser("info", help="versions, MPI, CUDA-awareness and per-rank GPU binding")
+    commands = {}
+    commands["info"] = info = sub.add_parser("info", help="versions, MPI, CUDA-awareness and per-rank GPU binding")
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
-
-    from .train import job
-    train = sub.add_parser("train", help="train a model with one algorithm (or all)")
-    job.add_arguments(train)
-    compare = sub.add_parser("compare", help="every algorithm x learning rate in one job, as a table")
+    commands["train"] = train = sub.add_parser("train", help="train a model with one algorithm (or all)")
+    cli.add_arguments(train)
+    commands["compare"] = compare = sub.add_parser("compare", help="every algorithm x learning rate in one job, "
+                                                   "as a table")
     compare.add_argument("--algorithms", nargs="+", default=["all"],
                          help="algorithms to run (default: all)")
     compare.add_argument("--lrs", type=float, nargs="+", default=[0.1], help="learning rates (default: 0.1)")
-    job.add_arguments(compare, sweep=True)
-    table = sub.add_parser("table", help="one comparison table from finished runs (no MPI)")
+    cli.add_arguments(compare, sweep=True)
+    commands["table"] = table = sub.add_parser("table", help="one comparison table from finished runs (no MPI)")
     table.add_argument("dirs", nargs="+", metavar="DIR", help="folders searched for summary.json")
     table.add_argument("--out", help="also write compare.json and compare.md there")
-    plot = sub.add_parser("plot", help="PNG figures of runs written by train/compare --out")
+    commands["plot"] = plot = sub.add_parser("plot", help="PNG figures of runs written by train/compare --out")
     plot.add_argument("dirs", nargs="+", metavar="DIR", help="run folders, or folders of runs")
     plot.add_argument("--out", help="where to write the PNGs (default: the first DIR)")
-    return parser
+    return parser, commands
+
+
+def parse(argv=None):
+    """Parse and check the command line; usage errors exit with status 2 (rank 0 prints)."""
+    parser, commands = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the subcommand's usage, not the top level's
+        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command in ("train", "compare"):
+        try:
+            cli.precheck(args)
+        except cli.UsageError as exc:
+            _print_on_rank0(f"python -m mpigossip: error: {exc}\n")
+            _usage_exit()
+    return args
+
+
+def abort_on_uncaught(error):
+    """An exception escaped on this rank: print its traceback and end the whole MPI job,
+    as ``python -m mpi4py`` does, instead of leaving the other ranks waiting for this one."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+        return
+    import traceback
+    sys.stderr.write(f"mpigossip: rank {mpi.COMM_WORLD.Get_rank()}: uncaught exception; aborting the job\n")
+    traceback.print_exception(error)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    mpi.COMM_WORLD.Abort(1)
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
+    try:
+        return _run(args)
+    except (Exception, KeyboardInterrupt) as error:
+        abort_on_uncaught(error)
+        raise
+
+
+def _run(args):
     if args.command == "info":
         from . import info
         return info.main(args)
@@ -52,8 +111,8 @@ def main(argv=None):
         from .train import compare
         return compare.main(args)
     if args.command == "table":
-        from .train import compare
-        return compare.table_main(args)
+        from .train import table
+        return table.table_main(args)
     if args.command == "plot":
         from .train import plot
         return plot.main(args)

@@ -1,9 +1,38 @@
 """What every communicator shares: a private duplicate of the user's communicator,
-a timeout, ``free()`` and context-manager use."""
+a timeout, ``free()`` and context-manager use, and a safe end of life.
+
+Nonblocking requests must not outlive the memory they read or write, nor reach
+``MPI_Finalize`` unfinished. So every live communicator is known to this module, and at
+interpreter exit (before mpi4py finalizes MPI, which it does after Python's exit handlers)
+each completes what it has in flight: overlap PushSum drains, a started ``Iallreduce``
+is waited for. One that is garbage-collected with requests in flight is kept alive (with
+its buffers) until then. A program that ends without ``free()`` is therefore safe; every
+rank must still have run the same steps, as for ``drain()``.
+"""
+
+import atexit
+import sys
+import weakref
 
 from mpi4py import MPI
 
 from . import deadline
+
+_live = weakref.WeakSet()  # communicators not yet freed
+_dropped = []              # collected while in flight: kept (with their buffers) until exit
+
+
+def _complete_at_exit():
+    for c in _dropped + list(_live):
+        try:
+            if not c.closed:
+                c._complete()
+        except Exception as exc:  # pragma: no cover - reported, never raised at exit
+            sys.stderr.write(f"mpigossip: at exit, completing {type(c).__name__} failed: {exc}\n")
+    _dropped.clear()
+
+
+atexit.register(_complete_at_exit)
 
 
 def check_chunk_bytes(chunk_bytes):
@@ -32,6 +61,24 @@ class Communicator:
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        _live.add(self)
+
+    @property
+    def in_flight(self):
+        """Whether requests of this communicator are pending (then it must not vanish)."""
+        return False
+
+    def _complete(self):
+        """Complete every request in flight (at exit: before MPI is finalized)."""
+
+    def __del__(self):
+        # Resurrect an object collected with requests in flight: MPI may still read or write
+        # its buffers. It is completed at exit.
+        try:
+            if not self.closed and self.in_flight:
+                _dropped.append(self)
+        except AttributeError:  # construction failed before the communicator existed
+            pass
 
     def _validate(self, error):
         """Collective: raise the same ``ValueError`` on every rank if any rank has an ``error``.

@@ -67,6 +67,7 @@ class AllreduceAverager(Communicator):
         if not in_place:
             t.after_recv()
             kernels.scale(array, inv)
+            self.buffer.release()
         self.rounds += 1
 
     def start(self):
@@ -93,6 +94,7 @@ class AllreduceAverager(Communicator):
     def _finish(self):
         if self.size > 1:
             kernels.scale(self.buffer.array, 1.0 / self.size)
+            self.buffer.release()
         self.rounds += 1
 
     def _check_idle(self):
@@ -104,9 +106,13 @@ class AllreduceAverager(Communicator):
     def in_flight(self):
         return self._request is not None
 
-    def free(self):
-        if self._request is not None and not self.closed:
+    def _complete(self):
+        if self._request is not None:
             self.wait()
+
+    def free(self):
+        if not self.closed:
+            self._complete()
         self._free_comm()
 
     def __repr__(self):

@@ -62,6 +62,11 @@ def _cupy():
     return cupy
 
 
+def _event():
+    """A CUDA event for ordering only (no timing: cheaper to record and wait on)."""
+    return _cupy().cuda.Event(disable_timing=True)
+
+
 class Buffer:
     """A checked, flat, contiguous view of a user's array.
 
@@ -101,14 +106,48 @@ class Buffer:
                 return cupy.empty(size, dtype=self.dtype)
         return np.empty(size, dtype=self.dtype)
 
+    # -- ordering of device work ------------------------------------------------------
+    # mpigossip's kernels and copies run on CuPy's current stream of the buffer's device
+    # ("ours"). The user's own work on a torch tensor runs on torch's current stream, which
+    # may be another one: then ``acquire`` orders ours after the user's pending work and
+    # ``release`` orders the user's stream after ours, both with events (no host wait).
+    # With the default streams (both the legacy default stream) the two are the same stream
+    # and neither call does anything.
+
+    def _streams(self):
+        """(our stream, the user's stream or None if it is ours)."""
+        cupy = _cupy()
+        with cupy.cuda.Device(self.array.device.id):
+            ours = cupy.cuda.get_current_stream()
+            if self.kind != "torch":
+                return ours, None
+            ptr = sys.modules["torch"].cuda.current_stream(self.obj.device).cuda_stream
+            if ptr == ours.ptr:
+                return ours, None
+            return ours, cupy.cuda.ExternalStream(ptr, self.array.device.id)
+
+    def acquire(self):
+        """Order our stream after the user's pending work on this buffer (before we read it)."""
+        if self.on_device:
+            ours, user = self._streams()
+            if user is not None:
+                ours.wait_event(user.record(_event()))
+
+    def release(self):
+        """Order the user's later work on this buffer after what we queued (after we wrote it)."""
+        if self.on_device:
+            ours, user = self._streams()
+            if user is not None:
+                user.wait_event(ours.record(_event()))
+
     def synchronize(self):
-        """Wait until device work that writes this buffer has finished (no-op on CPU)."""
-        if not self.on_device:
-            return
-        if self.kind == "torch":
-            sys.modules["torch"].cuda.current_stream(self.obj.device).synchronize()
-        else:
-            _cupy().cuda.get_current_stream().synchronize()
+        """Block the host until all device work on this buffer, the user's and ours, has
+        finished (before MPI or the host reads or writes its memory). No-op on CPU."""
+        if self.on_device:
+            ours, user = self._streams()
+            if user is not None:
+                user.synchronize()
+            ours.synchronize()
 
     def __repr__(self):
         where = f"cuda:{self.array.device.id}" if self.on_device else "cpu"
@@ -260,6 +299,10 @@ class Transport:
         cuda_aware: override for the detection.
 
     Call :meth:`before_send` before MPI reads and :meth:`after_recv` once MPI has written.
+    :attr:`memory`, :attr:`spec` and :meth:`part` hand the memory to MPI, and first wait
+    for a host-to-device copy still reading the staging buffer: a copy from pinned memory
+    is asynchronous, and MPI writing the next message into the staging buffer while the
+    copy of the previous one still reads it would corrupt the device copy silently.
     """
 
     def __init__(self, buf, *, stage=None, cuda_aware=None):
@@ -269,33 +312,49 @@ class Transport:
         if stage is None:
             stage = buf.on_device and not globals()["cuda_aware"](cuda_aware)[0]
         self.staged = bool(stage)
+        self.host = None
         if self.staged:
             self.host = (_pinned_empty(buf.size, buf.dtype) if buf.on_device
                          else np.empty(buf.size, dtype=buf.dtype))
-            self.spec = [self.host, buf.datatype]
-        else:
-            self.host = None
-            self.spec = [buf.array, buf.datatype]
+        self._copy_done = None  # event of a pending host-to-device copy out of self.host
+
+    @property
+    def memory(self):
+        """The array MPI reads and writes (the staging buffer, or the buffer itself), once
+        no copy out of it is pending."""
+        if self._copy_done is not None:
+            self._copy_done.synchronize()
+            self._copy_done = None
+        return self.host if self.staged else self.buffer.array
+
+    @property
+    def spec(self):
+        """MPI spec of the whole buffer."""
+        return [self.memory, self.buffer.datatype]
 
     def part(self, lo, hi):
         """MPI spec for elements ``[lo, hi)``."""
-        target = self.host if self.staged else self.buffer.array
-        return [target[lo:hi], self.buffer.datatype]
+        return [self.memory[lo:hi], self.buffer.datatype]
 
     def before_send(self):
         """Make the data visible to MPI: device sync, or device-to-host copy."""
         if self.staged:
             if self.buffer.on_device:
-                self.buffer.array.get(out=self.host, blocking=True)
+                self.buffer.acquire()
+                self.buffer.array.get(out=self.memory, blocking=True)
             else:
                 np.copyto(self.host, self.buffer.array)
         else:
             self.buffer.synchronize()
 
     def after_recv(self):
-        """Move what MPI wrote back into the buffer (host-to-device copy when staged)."""
+        """Move what MPI wrote back into the buffer (host-to-device copy when staged).
+
+        The device copy is queued on our stream, so kernels queued after it see the data;
+        the staging buffer is handed to MPI again only once the copy has finished."""
         if self.staged:
             if self.buffer.on_device:
-                self.buffer.array.set(self.host)
+                self.buffer.array.set(self.memory)
+                self._copy_done = _cupy().cuda.get_current_stream().record(_event())
             else:
                 np.copyto(self.buffer.array, self.host)

@@ -85,8 +85,8 @@ class Gossip(Communicator):
     def _publish(self):
         """Copy x into this rank's window under an exclusive lock on itself."""
         self._x.before_send()
-        source = self._x.host if self._x.staged else self.buffer.array
-        if not isinstance(source, np.ndarray):  # device buffer: windows live in host memory
+        source = self._x.memory
+        if not isinstance(source, np.ndarray):  # CUDA-aware: windows live in host memory
             source = source.get()
         self.win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
         if self._unified:
@@ -124,13 +124,13 @@ class Gossip(Communicator):
         if target == self.rank:
             return  # averaging with one's own copy changes nothing
         slot = self._recv[0]
-        host = slot.host if slot.staged else slot.buffer.array
         self.win.Lock(target, MPI.LOCK_SHARED)
-        request = self.win.Rget([host, self.buffer.datatype], target)
+        request = self.win.Rget(slot.spec, target)
         self._wait(request, f"step (Rget, round {r})", peer=target)
         self.win.Unlock(target)
         slot.after_recv()
         kernels.weighted_sum(self.buffer.array, self.buffer.array, 0.5, [slot.buffer.array], [0.5])
+        self.buffer.release()
 
     def _push(self):
         r = self.rounds
@@ -156,6 +156,7 @@ class Gossip(Communicator):
             recvs.append(self._recv[j].buffer.array)
         kernels.weighted_sum(self.buffer.array, self.buffer.array, own / total, recvs,
                              [1.0 / total] * len(recvs))
+        self.buffer.release()
 
     def free(self):
         """Release the window and communicator (collective)."""

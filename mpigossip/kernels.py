@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 CUDA_SOURCE_PATH = os.path.join(os.path.dirname(__file__), "cuda", "kernels.cu")
-KERNEL_NAMES = ("weighted_sum", "split_share", "debias", "elastic", "scale")
+KERNEL_NAMES = ("weighted_sum", "weighted_sum_many", "split_share", "debias", "elastic", "scale")
 _CUDA_TYPES = {"float16": "__half", "float32": "float", "float64": "double"}
 
 
@@ -39,26 +39,52 @@ def _check(*arrays):
 
 # ------------------------------------------------------------------------------ GPU dispatch
 
+#: Most received buffers passed to the GPU weighted sum as kernel arguments; more go through
+#: a device array of pointers (one extra small copy per call).
+MAX_DIRECT_RECVS = 8
+_BLOCK = 256
+_MAX_GRID = 65535
+
 
 @functools.lru_cache(maxsize=None)
-def _module(device_id):
+def _function(device_id, expression):
+    """The compiled kernel ``expression`` (e.g. ``"scale<float, 4>"``) on one device. Each
+    instantiation is compiled on first use (CuPy keeps the binary in its disk cache)."""
     import cupy
-    names = [f"{k}<{t}>" for k in KERNEL_NAMES for t in _CUDA_TYPES.values()]
     with cupy.cuda.Device(device_id):
-        return cupy.RawModule(code=cuda_source(), options=("--std=c++14",), name_expressions=names)
+        module = cupy.RawModule(code=cuda_source(), options=("--std=c++14",), name_expressions=[expression])
+        return module.get_function(expression)
 
 
-def _kernel(name, array):
-    return _module(array.device.id).get_function(f"{name}<{_CUDA_TYPES[str(array.dtype)]}>")
+def kernel_expressions():
+    """Every kernel instantiation the GPU path can launch (the tests compile them all)."""
+    out = []
+    for t, size in (("__half", 2), ("float", 4), ("double", 8)):
+        for v in (1, 16 // size):
+            out += [f"weighted_sum<{t}, {k}, {v}>" for k in range(MAX_DIRECT_RECVS + 1)]
+            out += [f"{name}<{t}, {v}>" for name in ("split_share", "debias", "elastic", "scale")]
+        out.append(f"weighted_sum_many<{t}>")
+    return out
 
 
-def _launch(name, array, args):
+def _pack(*arrays):
+    """Elements per 16-byte access if every operand is 16-byte aligned, else 1."""
+    itemsize = arrays[0].dtype.itemsize
+    if all(a.data.ptr % 16 == 0 for a in arrays):
+        return 16 // itemsize
+    return 1
+
+
+def _launch(name, array, args, template=(), operands=()):
+    """Launch kernel ``name<T, *template, V>`` over ``array.size`` elements; ``V`` from the
+    alignment of ``operands`` (default: ``array``)."""
     import cupy
     n = array.size
-    block = 256
-    grid = max(1, min((n + block - 1) // block, 65535))
+    v = _pack(*(operands or (array,)))
+    expression = f"{name}<{', '.join([_CUDA_TYPES[str(array.dtype)], *map(str, template), str(v)])}>"
+    grid = max(1, min(-(-(n // v) // _BLOCK), _MAX_GRID))
     with cupy.cuda.Device(array.device.id):
-        _kernel(name, array)((grid,), (block,), args + (np.int64(n),))
+        _function(array.device.id, expression)((grid,), (_BLOCK,), args + (np.int64(n),))
 
 
 @functools.lru_cache(maxsize=64)
@@ -111,10 +137,24 @@ def weighted_sum(out, x, self_weight, recvs=(), weights=(), *, z=None, w=1.0):
             if z is not None:
                 np.divide(ob, w, out=z[b])
         return out
-    ptrs = _device_array(tuple(r.data.ptr for r in recvs) or (0,), np.uint64, x.device.id)
-    wts = _device_array(tuple(weights) or (0.0,), np.float64, x.device.id)
-    _launch("weighted_sum", x, (out, x, np.float64(self_weight), ptrs, wts, np.int32(len(recvs)),
-                                out if z is None else z, np.int32(z is not None), np.float64(w)))
+    target = out if z is None else z
+    if len(recvs) <= MAX_DIRECT_RECVS:
+        pad = MAX_DIRECT_RECVS - len(recvs)
+        ptrs = tuple(np.uint64(r.data.ptr) for r in recvs) + (np.uint64(0),) * pad
+        wts = tuple(np.float64(wt) for wt in weights) + (np.float64(0.0),) * pad
+        _launch("weighted_sum", x, (out, x, np.float64(self_weight)) + ptrs + wts
+                + (target, np.int32(z is not None), np.float64(w)),
+                template=(len(recvs),), operands=(out, x, *recvs, target))
+        return out
+    ptrs = _device_array(tuple(r.data.ptr for r in recvs), np.uint64, x.device.id)
+    wts = _device_array(tuple(weights), np.float64, x.device.id)
+    n = x.size
+    import cupy
+    with cupy.cuda.Device(x.device.id):
+        _function(x.device.id, f"weighted_sum_many<{_CUDA_TYPES[str(x.dtype)]}>")(
+            (max(1, min(-(-n // _BLOCK), _MAX_GRID)),), (_BLOCK,),
+            (out, x, np.float64(self_weight), ptrs, wts, np.int32(len(recvs)), target,
+             np.int32(z is not None), np.float64(w), np.int64(n)))
     return out
 
 
@@ -126,7 +166,7 @@ def split_share(x, send, p):
             np.multiply(x[b], p, out=x[b])
             np.copyto(send[b], x[b])
     else:
-        _launch("split_share", x, (x, send, np.float64(p)))
+        _launch("split_share", x, (x, send, np.float64(p)), operands=(x, send))
 
 
 def debias(z, x, w):
@@ -135,21 +175,21 @@ def debias(z, x, w):
     if _is_numpy(x):
         np.divide(x, w, out=z)
     else:
-        _launch("debias", x, (z, x, np.float64(w)))
+        _launch("debias", x, (z, x, np.float64(w)), operands=(z, x))
     return z
 
 
-def elastic(x, center, beta):
-    """Elastic step: ``u = beta * (x - center)``, written into ``center``; then ``x -= u``."""
+def elastic(x, center, alpha):
+    """Elastic step: ``u = alpha * (x - center)``, written into ``center``; then ``x -= u``."""
     _check(x, center)
     if _is_numpy(x):
         for b in _blocks(x.size):
             cb, xb = center[b], x[b]
             np.subtract(xb, cb, out=cb)
-            np.multiply(cb, beta, out=cb)
+            np.multiply(cb, alpha, out=cb)
             np.subtract(xb, cb, out=xb)
     else:
-        _launch("elastic", x, (x, center, np.float64(beta)))
+        _launch("elastic", x, (x, center, np.float64(alpha)), operands=(x, center))
     return center
 
 

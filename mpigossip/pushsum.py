@@ -166,7 +166,8 @@ class PushSum(Communicator):
         wsend = np.array([self.weight], dtype=np.float64)
         weights = [self.comm.Irecv(wrecv[j:j + 1], source=src, tag=wtag) for j, src in enumerate(ins)]
         weights += [self.comm.Isend(wsend, dest=dst, tag=wtag) for dst in outs]
-        self.buffer.synchronize()  # no device work still reads the receive slots
+        self.buffer.synchronize()  # x written, and no device work still reads the receive slots
+        self._acquire()
         self._x.before_send()
         n, chunk, nslots = self.buffer.size, self._chunk, self._slots
         bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
@@ -207,7 +208,20 @@ class PushSum(Communicator):
             if i + nslots < len(bounds):
                 self.buffer.synchronize()  # the combine has read the slot before MPI rewrites it
                 post(i + nslots)
+        self._release()
         self.step_count += 1
+
+    def _acquire(self):
+        """Order the device work queued here after the user's pending work on x (and z)."""
+        self.buffer.acquire()
+        if self._zbuf is not None:
+            self._zbuf.acquire()
+
+    def _release(self):
+        """Order the user's later work on x (and z) after the device work queued here."""
+        self.buffer.release()
+        if self._zbuf is not None:
+            self._zbuf.release()
 
     def _combine(self, self_weight, recvs, weights):
         z = None if self._zbuf is None else self._zbuf.array
@@ -242,6 +256,7 @@ class PushSum(Communicator):
             if index == len(self._send):
                 self._send.append(self._new_transport())
             send = self._send[index]
+            self.buffer.acquire()
             kernels.split_share(self.buffer.array, send.buffer.array, p)
             self.weight *= p
             wbuf = np.array([self.weight], dtype=np.float64)
@@ -251,6 +266,7 @@ class PushSum(Communicator):
                 reqs += [self.comm.Isend(send.spec, dest=dst, tag=_tag(k)),
                          self.comm.Isend(wbuf, dest=dst, tag=_tag(k, True))]
             self._sends.append((index, reqs, wbuf, outs))
+            self._release()
         self._started = True
 
     def _progress_sends(self):
@@ -295,7 +311,9 @@ class PushSum(Communicator):
             slot.after_recv()
             recvs.append(slot.buffer.array)
             self.weight += float(msg.wbuf[0])
+        self._acquire()
         self._combine(1.0, recvs, [1.0] * len(recvs))
+        self._release()
         self._recv_free.extend(msg.slot for msg in msgs)
 
     def drain(self):
@@ -318,7 +336,9 @@ class PushSum(Communicator):
         if self._zbuf is None:
             self._zbuf = buffers.scratch(self.buffer)
             self._z_user = self.buffer.like(self._zbuf.array)
+        self._acquire()
         kernels.debias(self._zbuf.array, self.buffer.array, self.weight)
+        self._release()
         return self._z_user
 
     @property
@@ -326,13 +346,16 @@ class PushSum(Communicator):
         """The de-biased buffer as last written (by ``debiased()`` or a fused combine), or None."""
         return self._z_user
 
+    def _complete(self):
+        if self._started:
+            self.finish()
+        if self.in_flight:
+            self.drain()
+
     def free(self):
         """Drain what is in flight, then release the communicator (collective)."""
         if not self.closed:
-            if self._started:
-                self.finish()
-            if self.in_flight:
-                self.drain()
+            self._complete()
         self._free_comm()
 
     def __repr__(self):

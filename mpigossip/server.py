@@ -108,7 +108,11 @@ class ParameterServer(Communicator):
         """``center += delta``, atomically per element; visible to all once this returns."""
         self._check_open()
         buf = self._host(delta, "delta")
-        data = buf.array.get() if buf.on_device else buf.array
+        if buf.on_device:
+            buf.acquire()
+            data = buf.array.get()  # blocks until the copy (and the work before it) is done
+        else:
+            data = buf.array
         requests = [self.win.Raccumulate([data[lo:hi], self.datatype], s, op=MPI.SUM)
                     for s, (lo, hi) in enumerate(self.bounds)]
         self._wait(requests, "push (Raccumulate)", peer=list)  # request i goes to server rank i
@@ -126,7 +130,9 @@ class ParameterServer(Communicator):
                     for s, (lo, hi) in enumerate(self.bounds)]
         self._wait(requests, "pull (Rget_accumulate)", peer=list)  # request i goes to server rank i
         if buf.on_device:
-            buf.array.set(host)
+            buf.acquire()          # the user's pending work on out comes before our copy
+            buf.array.set(host)    # pageable host memory: returns once host is no longer read
+            buf.release()
         self.pulls += 1
         return out
 

@@ -181,7 +181,7 @@ class BipartiteExponentialGraph(Topology):
         return hops
 
     def _validate(self):
-        if self.size > 1 and self.size % 2:
+        if self.size % 2:
             raise ValueError(f"BipartiteExponentialGraph needs an even world size, got {self.size}")
         if self.size > 1 and self.peers > len(self.hop_list()):
             raise ValueError(f"BipartiteExponentialGraph(peers={self.peers}) has only "

@@ -18,6 +18,7 @@ Wrappers work with any torch optimizer; they see only the parameters. Every wrap
 """
 
 import abc
+import contextlib
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ from .gossip import Gossip
 from .pushsum import PushSum
 from .server import ParameterServer
 
-ALGORITHMS = ("allreduce", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp")
+from ._registry import ALGORITHMS, OPTIONS  # noqa: F401 - part of this module's API
 
 
 class FlatParameters:
@@ -62,7 +63,8 @@ class FlatParameters:
                 offset += n
             self.groups.append(flat)
             self.params.append(members)
-        self.arrays = [buffers.as_buffer(g, name="parameters").array for g in self.groups]
+        self.buffers = [buffers.as_buffer(g, name="parameters") for g in self.groups]
+        self.arrays = [b.array for b in self.buffers]
 
     def check_views(self):
         """Raise if something replaced a parameter's storage (then flat buffers would be stale)."""
@@ -82,12 +84,13 @@ class FlatParameters:
 def broadcast_parameters(flat, comm, root=0, *, timeout=None):
     """Make every rank start from root's parameters (with a deadline)."""
     timeout = deadline.check_timeout(timeout)
-    for array in flat.arrays:
-        host = array if isinstance(array, np.ndarray) else array.get()
-        deadline.bcast(comm, [host, buffers.mpi_datatype(host.dtype)], root=root, timeout=timeout,
-                       op="broadcast_parameters")
-        if not isinstance(array, np.ndarray):
-            array.set(host)
+    for buf in flat.buffers:
+        buf.acquire()
+        host = buf.array.get() if buf.on_device else buf.array
+        deadline.bcast(comm, [host, buf.datatype], root=root, timeout=timeout, op="broadcast_parameters")
+        if buf.on_device:
+            buf.array.set(host)
+            buf.release()
 
 
 class _Wrapper(abc.ABC):
@@ -114,9 +117,20 @@ class _Wrapper(abc.ABC):
     def _step(self):
         """One iteration's communication."""
 
+    @contextlib.contextmanager
+    def _ordered(self):
+        """Device work queued inside runs after the user's pending work on the parameters
+        (e.g. the optimizer's), and the user's later work (the next forward) after it."""
+        for buf in self.flat.buffers:
+            buf.acquire()
+        yield
+        for buf in self.flat.buffers:
+            buf.release()
+
     def step(self):
         """Call once per iteration, after ``optimizer.step()``."""
-        self._step()
+        with self._ordered():
+            self._step()
         self.steps += 1
 
     def consensus_parameters(self):
@@ -220,12 +234,15 @@ class _WithServer(_Wrapper):
 
 
 class EASGD(_WithServer, _Periodic):
-    """Elastic Averaging SGD with the center on ``servers`` ranks (co-located with workers)."""
+    """Elastic Averaging SGD with the center on ``servers`` ranks (co-located with workers).
+
+    ``beta`` is the center's moving rate; each of the P workers moves by ``beta / P`` (see
+    :class:`mpigossip.ElasticAveraging`)."""
 
     name = "easgd"
     _counters = ("calls", "exchanges")
 
-    def __init__(self, model, *, comm, beta=0.5, tau=4, servers=1, timeout=None):
+    def __init__(self, model, *, comm, beta=0.9, tau=4, servers=1, timeout=None):
         self.beta, self.tau, self.servers = beta, tau, servers
         self.servers_ = []
         super().__init__(model, comm=comm, timeout=timeout)
@@ -328,7 +345,9 @@ class SGP(_Wrapper):
         self.drain()
         state = super().state_dict()
         state["weights"] = self.weights
-        state["numerators"] = [np.array(x if isinstance(x, np.ndarray) else x.get()) for x in self.numerators]
+        # torch tensors, not numpy arrays: checkpoints load with torch.load(weights_only=True)
+        state["numerators"] = [torch.from_numpy(np.array(x if isinstance(x, np.ndarray) else x.get()))
+                               for x in self.numerators]
         state["pushsum_steps"] = [ps.step_count for ps in self.comms]
         return state
 
@@ -338,8 +357,9 @@ class SGP(_Wrapper):
             _copy_in(ps.buffer.array, x)
             ps.weight = float(w)
             ps.step_count = int(k)
-        for z, ps in zip(self.flat.arrays, self.comms):
-            kernels.debias(z, ps.buffer.array, ps.weight)
+        with self._ordered():
+            for z, ps in zip(self.flat.arrays, self.comms):
+                kernels.debias(z, ps.buffer.array, ps.weight)
 
 
 class OSGP(SGP):
@@ -362,30 +382,42 @@ class OSGP(SGP):
             kernels.debias(z, ps.buffer.array, ps.weight)
 
     def drain(self):
-        for ps, z in zip(self.comms, self.flat.arrays):
-            if ps.started:
-                ps.finish()
-            ps.drain()
-            kernels.debias(z, ps.buffer.array, ps.weight)
+        with self._ordered():
+            for ps, z in zip(self.comms, self.flat.arrays):
+                if ps.started:
+                    ps.finish()
+                ps.drain()
+                kernels.debias(z, ps.buffer.array, ps.weight)
 
 
 def _copy_in(array, host):
-    """Copy a host array into a numpy or cupy array."""
+    """Copy a host array (or CPU tensor) into a numpy or cupy array."""
+    if isinstance(host, torch.Tensor):
+        host = host.numpy()
     if isinstance(array, np.ndarray):
         array[...] = host
     else:
         array.set(np.ascontiguousarray(host, dtype=array.dtype))
 
 
+_CLASSES = {"allreduce": AllReduce, "easgd": EASGD, "asgd": ASGD, "gossip-pull": GossipPull,
+            "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP}
+
+
 def make(name, model, *, comm, **options):
-    """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`), passing the options it takes
-    (and ``timeout``, which every wrapper takes)."""
-    table = {"allreduce": (AllReduce, ()), "easgd": (EASGD, ("beta", "tau", "servers")),
-             "asgd": (ASGD, ("servers",)), "gossip-pull": (GossipPull, ("tau", "seed")),
-             "gossip-push": (GossipPush, ("tau", "seed")), "sgp": (SGP, ("topology", "peers")),
-             "osgp": (OSGP, ("topology", "peers", "max_delay"))}
-    if name not in table:
+    """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`) with its options
+    (:data:`OPTIONS`, and ``timeout``, which every wrapper takes).
+
+    Raises:
+        ValueError: unknown algorithm.
+        TypeError: an option that algorithm does not take (misspelled, or another algorithm's),
+            naming it and the options it does take.
+    """
+    if name not in _CLASSES:
         raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
-    cls, accepted = table[name]
-    return cls(model, comm=comm, timeout=options.get("timeout"),
-               **{k: v for k, v in options.items() if k in accepted})
+    accepted = OPTIONS[name] + ("timeout",)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"make({name!r}): unexpected option{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(unknown)}; {name} takes {', '.join(accepted)}")
+    return _CLASSES[name](model, comm=comm, **options)

@@ -83,7 +83,7 @@ def test_operand_checks():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_cuda_source_compiles_with_nvcc(tmp_path):
-    inst = "".join(f"(void*)&{k}<{t}>, " for k in kernels.KERNEL_NAMES for t in ("float", "double", "__half"))
+    inst = "".join(f"(void*)&{e}, " for e in kernels.kernel_expressions())
     src = tmp_path / "check.cu"
     src.write_text(f'#include "{kernels.CUDA_SOURCE_PATH}"\nvoid* all_kernels[] = {{{inst}}};\n')
     proc = subprocess.run(["nvcc", "--std=c++14", "-c", str(src), "-o", str(tmp_path / "check.o")],
@@ -104,26 +104,36 @@ gpu = pytest.mark.skipif(not _gpu_available(), reason="no CUDA GPU (or CuPy) on 
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES + [np.float16])
-@pytest.mark.parametrize("k", range(5))
-def test_cupy_kernels_match_numpy(dtype, k):
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_cupy_kernels_match_numpy(dtype, k, offset):
+    """Every kernel against numpy: 16-byte packs (offset 0) and element by element (views
+    starting 1 or 3 elements in, not 16-byte aligned), a ragged tail, 0-9 received buffers
+    (more than 8 go through the device array of pointers)."""
     import cupy
     n = 100003
+
+    def dev(a):  # a device copy of a, starting `offset` elements into its allocation
+        d = cupy.empty(a.size + offset, a.dtype)[offset:]
+        d[...] = cupy.asarray(a)
+        return d
+
     x, c, *recvs = rng_arrays(n, k + 2, dtype, seed=k)
     weights = [1.0 / (k + 1)] * k
     ref_out, ref_z = x.copy(), np.empty_like(x)
     kernels.weighted_sum(ref_out, ref_out, 1.0 / (k + 1), [r.copy() for r in recvs], weights, z=ref_z, w=0.5)
-    gx, gz = cupy.asarray(x), cupy.empty(n, dtype)
-    kernels.weighted_sum(gx, gx, 1.0 / (k + 1), [cupy.asarray(r) for r in recvs], weights, z=gz, w=0.5)
+    gx, gz = dev(x), dev(np.zeros(n, dtype))
+    kernels.weighted_sum(gx, gx, 1.0 / (k + 1), [dev(r) for r in recvs], weights, z=gz, w=0.5)
     t = tol(dtype) * 100
     np.testing.assert_allclose(gx.get(), ref_out, rtol=t, atol=t)
     np.testing.assert_allclose(gz.get(), ref_z, rtol=t, atol=t)
     hx, hc = x.copy(), c.copy()
     kernels.elastic(hx, hc, 0.3)
-    dx, dc = cupy.asarray(x), cupy.asarray(c)
+    dx, dc = dev(x), dev(c)
     kernels.elastic(dx, dc, 0.3)
     np.testing.assert_allclose(dx.get(), hx, rtol=t, atol=t)
     np.testing.assert_allclose(dc.get(), hc, rtol=t, atol=t)
-    send = cupy.empty_like(dx)
+    send = dev(np.zeros(n, dtype))
     kernels.split_share(dx, send, 0.5)
     assert cupy.array_equal(dx, send)
     kernels.debias(gz, dx, 0.5)

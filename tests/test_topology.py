@@ -19,7 +19,7 @@ def graphs(n):
             out.append(T.ExponentialGraph(peers=peers))
         if n > peers:
             out.append(T.RandomPeers(peers=peers, seed=5))
-    if n % 2 == 0 or n == 1:
+    if n % 2 == 0:
         out.append(T.BipartiteExponentialGraph(peers=1))
     return [g.bind(n) for g in out]
 
@@ -124,6 +124,7 @@ def test_random_peers_varies_in_degree_and_allows_self_when_asked():
 @pytest.mark.parametrize("make, n, match", [
     (lambda: T.ExponentialGraph(peers=3), 4, "needs at least 5 ranks"),
     (lambda: T.BipartiteExponentialGraph(), 5, "even world size"),
+    (lambda: T.BipartiteExponentialGraph(), 1, "even world size"),
     (lambda: T.RandomPeers(peers=4), 4, "needs at least 5 ranks"),
 ])
 def test_too_few_ranks_is_a_clear_error(make, n, match):

@@ -143,3 +143,73 @@ def test_bad_npz_shapes(tmp_path):
               "--out", str(tmp_path / "o"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert summary(tmp_path / "o")["final_accuracy"] > 0.9
+
+
+def test_npz_x_and_y_of_different_lengths_are_refused(tmp_path):
+    import numpy as np
+    for n_y in (399, 401):  # shorter y used to crash every rank; longer y silently dropped labels
+        path = tmp_path / f"xy{n_y}.npz"
+        np.savez(path, x=np.zeros((400, 3), np.float32), y=np.zeros(n_y, np.int64))
+        proc = mg(2, "train", "--quiet", "--dataset", str(path), timeout=120)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1 and out.count(f"x has 400 samples but y has {n_y}") == 1, out
+
+
+def test_epochs_give_every_rank_the_same_steps_on_uneven_shards(tmp_path):
+    """1438 digits over 4 ranks: shards of 360 and 359 samples. Steps, evaluations and the
+    end must agree on every rank (each used to count its own shard and wait at the deadline)."""
+    proc = mg(4, "train", "--epochs", "1", "--batch-size", "1", "--quiet", "--out", str(tmp_path),
+              env={"MPIGOSSIP_TIMEOUT": "30"}, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary(tmp_path)["steps"] == 360  # ceil(1438 / 4)
+    assert all(len(metrics(tmp_path, r)) == 360 for r in range(4))
+
+
+class _Planted:
+    """Unpickling this runs a command: what a crafted checkpoint could do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_resume_refuses_a_checkpoint_that_runs_code(tmp_path):
+    import torch
+    run = tmp_path / "run"
+    assert mg(2, "train", "--steps", "20", "--checkpoint-every", "10", "--quiet", "--out", str(run)).returncode == 0
+    with open(run / "checkpoints" / "latest.json") as f:
+        step_dir = run / "checkpoints" / json.load(f)["dir"]
+    marker = tmp_path / "planted-command-ran"
+    state = torch.load(step_dir / "rank-1.pt", weights_only=True)
+    state["times"] = _Planted(marker)
+    torch.save(state, step_dir / "rank-1.pt")
+    proc = mg(2, "train", "--steps", "30", "--quiet", "--out", str(tmp_path / "again"), "--resume", str(run),
+              env={"MPIGOSSIP_TIMEOUT": "60"}, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert not marker.exists(), "the planted command ran"
+    assert proc.returncode == 1 and "rank-1.pt is not a plain checkpoint" in out, out
+    assert out.count("not a plain checkpoint") == 1, "every rank raises; rank 0 alone prints"
+
+
+def test_an_exception_on_one_rank_ends_the_job_at_once(tmp_path):
+    """Rank 0's checkpoint lacks the model: rank 0 raises KeyError while rank 1 goes on to
+    wait for it. The job must end within seconds with rank 0's traceback, not at the deadline."""
+    import time
+
+    import torch
+    run = tmp_path / "run"
+    assert mg(2, "train", "--steps", "20", "--checkpoint-every", "10", "--quiet", "--out", str(run)).returncode == 0
+    with open(run / "checkpoints" / "latest.json") as f:
+        path = run / "checkpoints" / json.load(f)["dir"] / "rank-0.pt"
+    state = torch.load(path, weights_only=True)
+    del state["model"]
+    torch.save(state, path)
+    start = time.monotonic()
+    proc = mg(2, "train", "--steps", "30", "--quiet", "--out", str(tmp_path / "again"), "--resume", str(run),
+              env={"MPIGOSSIP_TIMEOUT": "300"}, timeout=280)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "KeyError: 'model'" in out and "uncaught exception; aborting" in out, out
+    assert time.monotonic() - start < 60, "the other rank waited for the one that failed"

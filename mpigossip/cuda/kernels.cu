@@ -1,6 +1,12 @@
 // mpigossip fused kernels: every element is read and written once per call.
 // Compiled at run time by CuPy (RawModule, NVRTC) and checked with nvcc by the tests.
 // Half precision accumulates in float; float and double accumulate in their own type.
+//
+// Memory bandwidth: each thread moves V elements per access (V = 16 bytes / sizeof(T) when
+// every operand is 16-byte aligned, else 1), so loads and stores are 128-bit; the last
+// n % V elements are done one by one. weighted_sum takes its K received buffers (K <= 8,
+// a compile-time constant) as kernel arguments, so no device array of pointers is built
+// per call; weighted_sum_many (any K) reads them from a device array.
 #include <cuda_fp16.h>
 
 template <typename T> struct Acc { typedef T type; };
@@ -16,16 +22,77 @@ template <typename T> __device__ __forceinline__ T store(const typename Acc<T>::
 }
 template <> __device__ __forceinline__ __half store<__half>(const float v) { return __float2half(v); }
 
+// W consecutive elements, loaded and stored as one aligned access.
+template <typename T, int W> struct __align__(sizeof(T) * W) Pack { T v[W]; };
+
 #define GRID_STRIDE(i, n) \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
 
-// out = self_w * x + sum_j weights[j] * recvs[j];  if debias: z = out / w.
-// out may alias x. recvs is a device array of k device pointers.
-template <typename T>
+// Every element once: the first n / V * V in packs of V, the last n % V one by one.
+template <int V, typename F> __device__ __forceinline__ void for_each(const F& f, const long long n) {
+    const long long packs = n / V;
+    GRID_STRIDE(i, packs) { f.template apply<V>(i); }
+    if (V > 1) {
+        const long long t = packs * V + blockIdx.x * (long long)blockDim.x + threadIdx.x;
+        if (t < n) f.template apply<1>(t);
+    }
+}
+
+template <typename T, int W> __device__ __forceinline__ Pack<T, W> get(const T* p, const long long i) {
+    return reinterpret_cast<const Pack<T, W>*>(p)[i];
+}
+template <typename T, int W> __device__ __forceinline__ void put(T* p, const long long i, const Pack<T, W>& v) {
+    reinterpret_cast<Pack<T, W>*>(p)[i] = v;
+}
+
+// out = self_w * x + sum_{j<K} wt[j] * r[j];  if debias: z = out / w.  out may alias x.
+template <typename T, int K> struct WeightedSum {
+    typedef typename Acc<T>::type A;
+    T* out; const T* x; const T* r[8]; A sw; A wt[8]; T* z; int debias; A w;
+    template <int W> __device__ __forceinline__ void apply(const long long i) const {
+        const Pack<T, W> xv = get<T, W>(x, i);
+        A acc[W];
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[e] = sw * load<T>(xv.v[e]);
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+            const Pack<T, W> rv = get<T, W>(r[j], i);
+#pragma unroll
+            for (int e = 0; e < W; ++e) acc[e] += wt[j] * load<T>(rv.v[e]);
+        }
+        Pack<T, W> o;
+#pragma unroll
+        for (int e = 0; e < W; ++e) o.v[e] = store<T>(acc[e]);
+        put<T, W>(out, i, o);
+        if (debias) {
+#pragma unroll
+            for (int e = 0; e < W; ++e) o.v[e] = store<T>(load<T>(o.v[e]) / w);
+            put<T, W>(z, i, o);
+        }
+    }
+};
+
+template <typename T, int K, int V>
 __global__ void weighted_sum(T* out, const T* x, const double self_w,
-                             const unsigned long long* recvs, const double* weights, const int k,
+                             const T* r0, const T* r1, const T* r2, const T* r3,
+                             const T* r4, const T* r5, const T* r6, const T* r7,
+                             const double w0, const double w1, const double w2, const double w3,
+                             const double w4, const double w5, const double w6, const double w7,
                              T* z, const int debias, const double w, const long long n) {
+    typedef typename Acc<T>::type A;
+    const WeightedSum<T, K> f = {out, x, {r0, r1, r2, r3, r4, r5, r6, r7}, static_cast<A>(self_w),
+                                 {static_cast<A>(w0), static_cast<A>(w1), static_cast<A>(w2), static_cast<A>(w3),
+                                  static_cast<A>(w4), static_cast<A>(w5), static_cast<A>(w6), static_cast<A>(w7)},
+                                 z, debias, static_cast<A>(w)};
+    for_each<V>(f, n);
+}
+
+// Any number of received buffers: recvs is a device array of k device pointers.
+template <typename T>
+__global__ void weighted_sum_many(T* out, const T* x, const double self_w,
+                                  const unsigned long long* recvs, const double* weights, const int k,
+                                  T* z, const int debias, const double w, const long long n) {
     typedef typename Acc<T>::type A;
     GRID_STRIDE(i, n) {
         A acc = static_cast<A>(self_w) * load<T>(x[i]);
@@ -40,38 +107,81 @@ __global__ void weighted_sum(T* out, const T* x, const double self_w,
 }
 
 // PushSum split for overlap mode: v = p * x; x = v; send = v.
-template <typename T>
-__global__ void split_share(T* x, T* send, const double p, const long long n) {
+template <typename T> struct SplitShare {
     typedef typename Acc<T>::type A;
-    GRID_STRIDE(i, n) {
-        const T v = store<T>(static_cast<A>(p) * load<T>(x[i]));
-        x[i] = v;
-        send[i] = v;
+    T* x; T* send; A p;
+    template <int W> __device__ __forceinline__ void apply(const long long i) const {
+        Pack<T, W> v = get<T, W>(x, i);
+#pragma unroll
+        for (int e = 0; e < W; ++e) v.v[e] = store<T>(p * load<T>(v.v[e]));
+        put<T, W>(x, i, v);
+        put<T, W>(send, i, v);
     }
+};
+
+template <typename T, int V>
+__global__ void split_share(T* x, T* send, const double p, const long long n) {
+    const SplitShare<T> f = {x, send, static_cast<typename Acc<T>::type>(p)};
+    for_each<V>(f, n);
 }
 
 // De-bias: z = x / w.
-template <typename T>
-__global__ void debias(T* z, const T* x, const double w, const long long n) {
+template <typename T> struct Debias {
     typedef typename Acc<T>::type A;
-    GRID_STRIDE(i, n) { z[i] = store<T>(load<T>(x[i]) / static_cast<A>(w)); }
+    T* z; const T* x; A w;
+    template <int W> __device__ __forceinline__ void apply(const long long i) const {
+        Pack<T, W> v = get<T, W>(x, i);
+#pragma unroll
+        for (int e = 0; e < W; ++e) v.v[e] = store<T>(load<T>(v.v[e]) / w);
+        put<T, W>(z, i, v);
+    }
+};
+
+template <typename T, int V>
+__global__ void debias(T* z, const T* x, const double w, const long long n) {
+    const Debias<T> f = {z, x, static_cast<typename Acc<T>::type>(w)};
+    for_each<V>(f, n);
 }
 
-// Elastic step: u = beta * (x - c); c = u; x = x - u.
-template <typename T>
-__global__ void elastic(T* x, T* c, const double beta, const long long n) {
+// Elastic step: u = alpha * (x - c); c = u; x = x - u.
+template <typename T> struct Elastic {
     typedef typename Acc<T>::type A;
-    GRID_STRIDE(i, n) {
-        const A xi = load<T>(x[i]);
-        const T u = store<T>(static_cast<A>(beta) * (xi - load<T>(c[i])));
-        c[i] = u;
-        x[i] = store<T>(xi - load<T>(u));
+    T* x; T* c; A alpha;
+    template <int W> __device__ __forceinline__ void apply(const long long i) const {
+        Pack<T, W> xv = get<T, W>(x, i);
+        Pack<T, W> cv = get<T, W>(c, i);
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+            const A xi = load<T>(xv.v[e]);
+            const T u = store<T>(alpha * (xi - load<T>(cv.v[e])));
+            cv.v[e] = u;
+            xv.v[e] = store<T>(xi - load<T>(u));
+        }
+        put<T, W>(c, i, cv);
+        put<T, W>(x, i, xv);
     }
+};
+
+template <typename T, int V>
+__global__ void elastic(T* x, T* c, const double alpha, const long long n) {
+    const Elastic<T> f = {x, c, static_cast<typename Acc<T>::type>(alpha)};
+    for_each<V>(f, n);
 }
 
 // x = alpha * x.
-template <typename T>
-__global__ void scale(T* x, const double alpha, const long long n) {
+template <typename T> struct Scale {
     typedef typename Acc<T>::type A;
-    GRID_STRIDE(i, n) { x[i] = store<T>(static_cast<A>(alpha) * load<T>(x[i])); }
+    T* x; A alpha;
+    template <int W> __device__ __forceinline__ void apply(const long long i) const {
+        Pack<T, W> v = get<T, W>(x, i);
+#pragma unroll
+        for (int e = 0; e < W; ++e) v.v[e] = store<T>(alpha * load<T>(v.v[e]));
+        put<T, W>(x, i, v);
+    }
+};
+
+template <typename T, int V>
+__global__ void scale(T* x, const double alpha, const long long n) {
+    const Scale<T> f = {x, static_cast<typename Acc<T>::type>(alpha)};
+    for_each<V>(f, n);
 }

@@ -120,6 +120,8 @@ def npz(path, seed=0):
     if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
         parts = [arrays[k] for k in ("x_train", "y_train", "x_test", "y_test")]
     elif {"x", "y"} <= arrays.keys():
+        if len(arrays["x"]) != len(arrays["y"]):
+            raise DataError(f"{path}: x has {len(arrays['x'])} samples but y has {len(arrays['y'])}")
         parts = list(_split(arrays["x"], arrays["y"], seed))
     else:
         raise DataError(f"{path}: expected arrays x_train, y_train, x_test, y_test (or x, y); found "

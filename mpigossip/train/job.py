@@ -8,6 +8,7 @@ steps, so every rank reaches them together.
 import json
 import math
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -25,10 +26,7 @@ from .. import torch as mgt
 from ..info import gpu_count, local_rank
 from . import data as data_mod
 from . import models
-
-DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
-            "batch_size": 32, "steps": 300}
-
+from .cli import DEFAULTS, UsageError, algorithms_of, check_arguments, parse_straggler
 
 #: Steps between two rounds of the (nonblocking) agreement on a stop request.
 STOP_CHECK_EVERY = 10
@@ -38,111 +36,6 @@ EXIT_PREEMPTED = 75
 
 class Preempted(Exception):
     """Training stopped by SIGUSR1/SIGTERM after writing a checkpoint."""
-
-
-class UsageError(ValueError):
-    """A bad flag value, reported on rank 0, exit code 2 on every rank."""
-
-
-def add_arguments(parser, *, sweep=False):
-    """The training flags (shared by ``train`` and ``compare``)."""
-    if not sweep:
-        parser.add_argument("--algorithm", default=DEFAULTS["algorithm"],
-                            help="one of " + ", ".join(mgt.ALGORITHMS) + ", or 'all' to run each in turn "
-                            "(default: %(default)s)")
-        parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate (default: %(default)s)")
-    parser.add_argument("--model", default=DEFAULTS["model"], choices=models.NAMES,
-                        help="model (default: %(default)s)")
-    parser.add_argument("--dataset", default=DEFAULTS["dataset"],
-                        help="digits (bundled with scikit-learn), synthetic, cifar10 (from --data-dir) or a "
-                        "path to a .npz file (default: %(default)s)")
-    parser.add_argument("--data-dir", help="folder holding CIFAR-10's python batches")
-    parser.add_argument("--samples", type=int, default=20000, help="synthetic: number of samples")
-    parser.add_argument("--features", type=int, default=64, help="synthetic: input dimension")
-    parser.add_argument("--classes", type=int, default=10, help="synthetic: number of classes")
-    parser.add_argument("--topology", default="exponential", choices=topo_mod.NAMES,
-                        help="sgp/osgp graph (default: %(default)s)")
-    parser.add_argument("--peers", type=int, default=1, help="sgp/osgp out-peers per step (default: 1)")
-    parser.add_argument("--momentum", type=float, default=DEFAULTS["momentum"],
-                        help="SGD momentum (default: %(default)s)")
-    parser.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
-    parser.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default: 0)")
-    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
-                        help="per-rank batch size (default: %(default)s)")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--steps", type=int, help=f"training steps (default: {DEFAULTS['steps']})")
-    group.add_argument("--epochs", type=float, help="training epochs over each rank's shard")
-    parser.add_argument("--tau", type=int, default=1, help="easgd/gossip communication period (default: 1)")
-    parser.add_argument("--beta", type=float, default=0.5, help="easgd moving rate (default: 0.5)")
-    parser.add_argument("--servers", type=int, default=1, help="easgd/asgd parameter-server ranks (default: 1)")
-    parser.add_argument("--max-delay", type=int, default=1, help="osgp bound on message delay in steps (default: 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of data split, init, batches, gossip (default: 0)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="cpu, or cuda (GPU bound by local rank) (default: cpu)")
-    parser.add_argument("--eval-every", type=int, default=0,
-                        help="evaluate every N steps (default: about 10 times per run)")
-    parser.add_argument("--straggler", action="append", default=[], metavar="RANK:FACTOR",
-                        help="that rank's compute takes FACTOR times longer (repeatable)")
-    parser.add_argument("--delay-prob", type=float, default=0.0, help="probability of a random slowdown per step")
-    parser.add_argument("--delay-ms", type=float, default=0.0, help="length of a random slowdown, ms")
-    parser.add_argument("--out", help="output folder (config, metrics, summary, checkpoints)")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps into --out")
-    parser.add_argument("--resume", metavar="DIR", help="resume from the latest checkpoint in DIR")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="deadline of every wait in seconds (default: $MPIGOSSIP_TIMEOUT or 300)")
-
-
-def check_arguments(args, algorithms, lrs, size):
-    """Raise :class:`UsageError` for bad values (every rank sees the same arguments)."""
-    for a in algorithms:
-        if a not in mgt.ALGORITHMS:
-            raise UsageError(f"--algorithm {a!r}: choose from {', '.join(mgt.ALGORITHMS)} or all")
-    for lr in lrs:
-        if not (lr > 0 and math.isfinite(lr)):
-            raise UsageError(f"--lr must be > 0, got {lr}")
-    positive = {"--batch-size": args.batch_size, "--tau": args.tau, "--servers": args.servers,
-                "--peers": args.peers}
-    for flag, value in positive.items():
-        if value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
-    if args.steps is not None and args.steps < 1:
-        raise UsageError(f"--steps must be >= 1, got {args.steps}")
-    if args.epochs is not None and not args.epochs > 0:
-        raise UsageError(f"--epochs must be > 0, got {args.epochs}")
-    if not 0 < args.beta <= 1:
-        raise UsageError(f"--beta must be in (0, 1], got {args.beta}")
-    if args.servers > size:
-        raise UsageError(f"--servers {args.servers} exceeds the world size {size}")
-    if args.max_delay < 0:
-        raise UsageError(f"--max-delay must be >= 0, got {args.max_delay}")
-    if not 0 <= args.momentum < 1:
-        raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}")
-    if not 0 <= args.delay_prob <= 1 or args.delay_ms < 0:
-        raise UsageError("--delay-prob must be in [0, 1] and --delay-ms >= 0")
-    if args.checkpoint_every < 0 or args.eval_every < 0:
-        raise UsageError("--checkpoint-every and --eval-every must be >= 0")
-    if args.checkpoint_every and not args.out:
-        raise UsageError("--checkpoint-every needs --out")
-    if args.device == "cuda" and gpu_count() == 0:
-        raise UsageError("--device cuda: no CUDA GPU is visible")
-    for spec in args.straggler:
-        parse_straggler(spec, size)
-    try:
-        topo_mod.make(args.topology, peers=args.peers, seed=args.seed).bind(size)
-    except ValueError as exc:
-        raise UsageError(f"--topology {args.topology} --peers {args.peers}: {exc}") from None
-
-
-def parse_straggler(spec, size):
-    try:
-        rank, factor = spec.split(":")
-        rank, factor = int(rank), float(factor)
-    except ValueError:
-        raise UsageError(f"--straggler {spec!r}: expected RANK:FACTOR, e.g. 1:3") from None
-    if not 0 <= rank < size or not factor >= 1:
-        raise UsageError(f"--straggler {spec!r}: rank must be in [0, {size}) and factor >= 1")
-    return rank, factor
 
 
 def interactive():
@@ -201,6 +94,27 @@ def save_checkpoint(comm, out, step, state, timeout):
     deadline.barrier(comm, timeout=timeout, op="checkpoint")
 
 
+def load_checkpoint(comm, paths, timeout):
+    """Collective: load checkpoint files as data only (``torch.load(weights_only=True)``:
+    tensors, numbers, strings and containers; a file that would run code when unpickled is
+    refused). Every rank raises the same :class:`~mpigossip.train.data.DataError` if any
+    rank could not load one of its files."""
+    states, error = [], None
+    for path in paths:
+        try:
+            states.append(torch.load(path, weights_only=True))
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0]
+            error = (f"{path} is not a plain checkpoint: refused to load it, since loading it would run "
+                     f"code ({first})")
+            break
+        except (OSError, RuntimeError, EOFError) as exc:
+            error = f"cannot load {path}: {exc}"
+            break
+    deadline.raise_collectively(comm, error, timeout=timeout, op="--resume", exc=data_mod.DataError)
+    return states
+
+
 def _crash_hook(step):
     """Tests: ``MPIGOSSIP_CRASH_IN_CHECKPOINT=STEP`` kills this process (SIGKILL) mid-write."""
     if os.environ.get("MPIGOSSIP_CRASH_IN_CHECKPOINT") == str(step):
@@ -231,7 +145,10 @@ class Run:
         if args.steps is not None:
             self.steps = args.steps
         elif args.epochs is not None:
-            self.steps = max(1, math.ceil(args.epochs * len(x) / args.batch_size))
+            # From the whole training split, not this rank's shard: shards differ by up to one
+            # sample, and every rank must run the same steps (evaluations and checkpoints too).
+            per_rank = len(self.data.x_train) / self.size
+            self.steps = max(1, math.ceil(args.epochs * per_rank / args.batch_size))
         else:
             self.steps = DEFAULTS["steps"]
         self.eval_every = args.eval_every or max(1, self.steps // 10)
@@ -258,10 +175,11 @@ class Run:
     def _make_algorithm(self):
         """The algorithm's torch wrapper over ``self.model`` (collective), from the flags."""
         args = self.args
-        return mgt.make(self.algorithm, self.model, comm=self.comm, beta=args.beta, tau=args.tau,
-                        servers=args.servers, seed=args.seed, peers=args.peers, max_delay=args.max_delay,
-                        topology=topo_mod.make(args.topology, peers=args.peers, seed=args.seed),
-                        timeout=self.timeout)
+        flags = {"beta": args.beta, "tau": args.tau, "servers": args.servers, "seed": args.seed,
+                 "peers": args.peers, "max_delay": args.max_delay,
+                 "topology": topo_mod.make(args.topology, peers=args.peers, seed=args.seed)}
+        return mgt.make(self.algorithm, self.model, comm=self.comm, timeout=self.timeout,
+                        **{k: v for k, v in flags.items() if k in mgt.OPTIONS[self.algorithm]})
 
     # -- evaluation (collective) --------------------------------------------------
     def _sum(self, values, reduce=MPI.SUM):
@@ -308,7 +226,7 @@ class Run:
                  "algo": self.algo.state_dict(), "rng": self.rng.bit_generator.state,
                  "slow_rng": self.slow_rng.getstate(), "torch_rng": torch.get_rng_state(), "times": self.times}
         if hasattr(self.algo, "center_parameters"):
-            state["center"] = self.algo.center_parameters()
+            state["center"] = [torch.from_numpy(c) for c in self.algo.center_parameters()]
         return state
 
     def resume(self, folder):
@@ -320,7 +238,7 @@ class Run:
             raise data_mod.DataError(f"--resume {folder}: checkpoint is for {meta['algorithm']}, "
                                      f"not {self.algorithm}")
         if meta["world_size"] == self.size:
-            state = torch.load(os.path.join(step_dir, f"rank-{self.rank}.pt"), weights_only=False)
+            state = load_checkpoint(self.comm, [os.path.join(step_dir, f"rank-{self.rank}.pt")], self.timeout)[0]
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.algo.load_state_dict(state["algo"])
@@ -332,8 +250,8 @@ class Run:
                 self._restore_center(state["center"])
         else:
             # Another world size: start every rank from the consensus model, fresh algorithm state.
-            states = [torch.load(os.path.join(step_dir, f"rank-{r}.pt"), weights_only=False)
-                      for r in range(meta["world_size"])]
+            states = load_checkpoint(self.comm, [os.path.join(step_dir, f"rank-{r}.pt")
+                                                 for r in range(meta["world_size"])], self.timeout)
             mean = {k: sum(s["model"][k].double() for s in states) / len(states) for k in states[0]["model"]}
             self.model.load_state_dict({k: v.to(states[0]["model"][k].dtype) for k, v in mean.items()})
             self.algo.free()
@@ -359,7 +277,7 @@ class Run:
         for server, saved in zip(self.algo.servers_, centers):
             if self.rank == 0:
                 current = server.pull(np.empty(server.size_elements, server.dtype))
-                server.push(saved - current)
+                server.push(saved.numpy() - current)
         deadline.barrier(self.comm, timeout=self.timeout, op="resume")
 
     # -- the loop -----------------------------------------------------------------
@@ -491,11 +409,18 @@ def fail(comm, message, code):
     return code
 
 
+def check_world(args, algorithms, lrs, comm):
+    """The full check of the flags, now that the world size and the GPUs are known."""
+    check_arguments(args, algorithms, lrs, comm.Get_size())
+    if args.device == "cuda" and gpu_count() == 0:
+        raise UsageError("--device cuda: no CUDA GPU is visible")
+
+
 def main(args):
     comm = MPI.COMM_WORLD
-    algorithms = list(mgt.ALGORITHMS) if args.algorithm == "all" else [args.algorithm]
+    algorithms = algorithms_of(args)
     try:
-        check_arguments(args, algorithms, [args.lr], comm.Get_size())
+        check_world(args, algorithms, [args.lr], comm)
     except UsageError as exc:
         return fail(comm, str(exc), 2)
     if args.resume and args.algorithm == "all":

@@ -5,7 +5,7 @@ import math
 import torch
 from torch import nn
 
-NAMES = ("logreg", "mlp", "cnn", "resnet18")
+from .cli import MODEL_NAMES as NAMES  # noqa: E402
 
 
 class LogisticRegression(nn.Module):

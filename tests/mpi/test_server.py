@@ -54,11 +54,11 @@ def test_pull_never_returns_a_torn_element():
 def test_easgd_conserves_mass_and_converges():
     c = comm()
     n = 64
-    x = np.full(n, float(4 * c.rank))  # dyadic data, beta = 1/2: exact arithmetic
+    x = np.full(n, float(4 * c.rank))  # dyadic data, alpha = 1/2: exact arithmetic
     center0 = np.full(n, 1.0)
     srv = mg.ParameterServer(n, np.float64, comm=c, servers=1, init=center0)
     total = global_sum(c, x) + center0
-    ea = mg.ElasticAveraging(x, srv, beta=0.5, tau=2)
+    ea = mg.ElasticAveraging(x, srv, beta=0.5, tau=2, workers=1)
     # Every exchange, by anyone, may halve the center's denominator: keep the total number
     # of exchanges within float64's 53 bits so that any drift is a real loss of mass.
     exchanges = max(2, 40 // c.size)
@@ -109,6 +109,9 @@ def test_bad_arguments_raise_everywhere():
             mg.ElasticAveraging(np.zeros(10), srv, beta=beta)
     with pytest.raises(ValueError, match="tau"):
         mg.ElasticAveraging(np.zeros(10), srv, tau=0)
+    for workers in (0, c.size + 1, 1.5):
+        with pytest.raises(ValueError, match="workers"):
+            mg.ElasticAveraging(np.zeros(10), srv, workers=workers)
     with pytest.raises(ValueError, match="server holds"):
         mg.ElasticAveraging(np.zeros(11), srv)
     srv.free()

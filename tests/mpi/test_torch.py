@@ -64,7 +64,8 @@ def test_every_wrapper_keeps_views_and_drives_consensus(name):
     c = comm()
     torch.manual_seed(c.rank)  # different initial models: the wrapper broadcasts rank 0's
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    algo = mgt.make(name, model, comm=c, tau=1, beta=0.5, max_delay=1)
+    options = {"tau": 1, "beta": 0.5, "max_delay": 1}
+    algo = mgt.make(name, model, comm=c, **{k: v for k, v in options.items() if k in mgt.OPTIONS[name]})
     first = [p.detach().clone() for p in model.parameters()]
     same = c.allgather(torch.cat([f.ravel() for f in first]).numpy())
     assert all(np.array_equal(same[0], s) for s in same)
@@ -78,6 +79,20 @@ def test_every_wrapper_keeps_views_and_drives_consensus(name):
     state = algo.state_dict()
     assert state["algorithm"] == name and state["steps"] == 30
     algo.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_make_refuses_options_the_algorithm_does_not_take():
+    c = comm()
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(TypeError) as err:
+        mgt.make("sgp", model, comm=c, peer=2, max_delay=3, tau=9)
+    text = str(err.value)
+    assert "unexpected options max_delay, peer, tau" in text and "sgp takes topology, peers, timeout" in text
+    with pytest.raises(TypeError, match="unexpected option beta; allreduce takes timeout"):
+        mgt.make("allreduce", model, comm=c, beta=0.5)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        mgt.make("sgd", model, comm=c)
 
 
 def test_flat_parameters_group_by_dtype_and_are_views():

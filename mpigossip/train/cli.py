@@ -1,0 +1,158 @@
+"""The flags of ``train`` and ``compare`` and their checks.
+
+Imports neither torch nor MPI, so that a bad flag is answered at once (about a second),
+before any rank loads torch or initialises MPI. Checks that need the world size run here
+when the launcher tells it (Open MPI, MPICH/PMI, Slurm) and again after ``MPI_Init``.
+"""
+
+import math
+import os
+
+from .. import topology as topo_mod
+from .._registry import ALGORITHMS
+
+DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
+            "batch_size": 32, "steps": 300}
+
+
+#: Models ``--model`` accepts (built by :mod:`mpigossip.train.models`).
+MODEL_NAMES = ("logreg", "mlp", "cnn", "resnet18")
+
+
+class UsageError(ValueError):
+    """A bad flag value, reported on rank 0, exit code 2 on every rank."""
+
+
+def add_arguments(parser, *, sweep=False):
+    """The training flags (shared by ``train`` and ``compare``)."""
+    if not sweep:
+        parser.add_argument("--algorithm", default=DEFAULTS["algorithm"],
+                            help="one of " + ", ".join(ALGORITHMS) + ", or 'all' to run each in turn "
+                            "(default: %(default)s)")
+        parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate (default: %(default)s)")
+    parser.add_argument("--model", default=DEFAULTS["model"], choices=MODEL_NAMES,
+                        help="model (default: %(default)s)")
+    parser.add_argument("--dataset", default=DEFAULTS["dataset"],
+                        help="digits (bundled with scikit-learn), synthetic, cifar10 (from --data-dir) or a "
+                        "path to a .npz file (default: %(default)s)")
+    parser.add_argument("--data-dir", help="folder holding CIFAR-10's python batches")
+    parser.add_argument("--samples", type=int, default=20000, help="synthetic: number of samples")
+    parser.add_argument("--features", type=int, default=64, help="synthetic: input dimension")
+    parser.add_argument("--classes", type=int, default=10, help="synthetic: number of classes")
+    parser.add_argument("--topology", default="exponential", choices=topo_mod.NAMES,
+                        help="sgp/osgp graph (default: %(default)s)")
+    parser.add_argument("--peers", type=int, default=1, help="sgp/osgp out-peers per step (default: 1)")
+    parser.add_argument("--momentum", type=float, default=DEFAULTS["momentum"],
+                        help="SGD momentum (default: %(default)s)")
+    parser.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
+    parser.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default: 0)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
+                        help="per-rank batch size (default: %(default)s)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--steps", type=int, help=f"training steps (default: {DEFAULTS['steps']})")
+    group.add_argument("--epochs", type=float, help="training epochs: each rank takes EPOCHS x (training "
+                       "samples / ranks) samples, the same number of steps on every rank")
+    parser.add_argument("--tau", type=int, default=1, help="easgd/gossip communication period (default: 1)")
+    parser.add_argument("--beta", type=float, default=0.9,
+                        help="easgd moving rate of the center; each of P workers moves by beta/P (default: 0.9)")
+    parser.add_argument("--servers", type=int, default=1, help="easgd/asgd parameter-server ranks (default: 1)")
+    parser.add_argument("--max-delay", type=int, default=1, help="osgp bound on message delay in steps (default: 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of data split, init, batches, gossip (default: 0)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cpu, or cuda (GPU bound by local rank) (default: cpu)")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="evaluate every N steps (default: about 10 times per run)")
+    parser.add_argument("--straggler", action="append", default=[], metavar="RANK:FACTOR",
+                        help="that rank's compute takes FACTOR times longer (repeatable)")
+    parser.add_argument("--delay-prob", type=float, default=0.0, help="probability of a random slowdown per step")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="length of a random slowdown, ms")
+    parser.add_argument("--out", help="output folder (config, metrics, summary, checkpoints)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps into --out")
+    parser.add_argument("--resume", metavar="DIR", help="resume from the latest checkpoint in DIR")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="deadline of every wait in seconds (default: $MPIGOSSIP_TIMEOUT or 300)")
+
+
+def check_arguments(args, algorithms, lrs, size):
+    """Raise :class:`UsageError` for bad values (every rank sees the same arguments).
+    ``size`` is the world size, or None if not known yet (its checks are then skipped)."""
+    for a in algorithms:
+        if a not in ALGORITHMS:
+            raise UsageError(f"--algorithm {a!r}: choose from {', '.join(ALGORITHMS)} or all")
+    for lr in lrs:
+        if not (lr > 0 and math.isfinite(lr)):
+            raise UsageError(f"--lr must be > 0, got {lr}")
+    positive = {"--batch-size": args.batch_size, "--tau": args.tau, "--servers": args.servers,
+                "--peers": args.peers}
+    for flag, value in positive.items():
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.epochs is not None and not args.epochs > 0:
+        raise UsageError(f"--epochs must be > 0, got {args.epochs}")
+    if not 0 < args.beta <= 1:
+        raise UsageError(f"--beta must be in (0, 1], got {args.beta}")
+    if size is not None and args.servers > size:
+        raise UsageError(f"--servers {args.servers} exceeds the world size {size}")
+    if args.max_delay < 0:
+        raise UsageError(f"--max-delay must be >= 0, got {args.max_delay}")
+    if not 0 <= args.momentum < 1:
+        raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}")
+    if not 0 <= args.delay_prob <= 1 or args.delay_ms < 0:
+        raise UsageError("--delay-prob must be in [0, 1] and --delay-ms >= 0")
+    if args.checkpoint_every < 0 or args.eval_every < 0:
+        raise UsageError("--checkpoint-every and --eval-every must be >= 0")
+    if args.checkpoint_every and not args.out:
+        raise UsageError("--checkpoint-every needs --out")
+    for spec in args.straggler:
+        parse_straggler(spec, size)
+    try:
+        graph = topo_mod.make(args.topology, peers=args.peers, seed=args.seed)
+        if size is not None:
+            graph.bind(size)
+    except ValueError as exc:
+        raise UsageError(f"--topology {args.topology} --peers {args.peers}: {exc}") from None
+
+
+def parse_straggler(spec, size):
+    try:
+        rank, factor = spec.split(":")
+        rank, factor = int(rank), float(factor)
+    except ValueError:
+        raise UsageError(f"--straggler {spec!r}: expected RANK:FACTOR, e.g. 1:3") from None
+    if not factor >= 1 or rank < 0 or (size is not None and rank >= size):
+        raise UsageError(f"--straggler {spec!r}: rank must be in [0, {size if size is not None else 'size'}) "
+                         "and factor >= 1")
+    return rank, factor
+
+
+def launcher_world_size():
+    """The world size the launcher announces in the environment, or None."""
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(key)
+        if value and value.isdigit():
+            return int(value)
+    return None
+
+
+def launcher_rank():
+    """This process's rank as the launcher announces it, or None when not launched by MPI."""
+    for key in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(key)
+        if value and value.isdigit():
+            return int(value)
+    return None
+
+
+def algorithms_of(args):
+    """The algorithms a ``train`` or ``compare`` command line asks for."""
+    names = getattr(args, "algorithms", None) or [args.algorithm]
+    return list(ALGORITHMS) if names in (["all"], "all") else list(names)
+
+
+def precheck(args):
+    """Check the flags before torch and MPI load; raise :class:`UsageError`."""
+    lrs = getattr(args, "lrs", None) or [args.lr]
+    check_arguments(args, algorithms_of(args), lrs, launcher_world_size())

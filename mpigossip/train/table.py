@@ -1,0 +1,54 @@
+"""Tables of finished runs: ``python -m mpigossip table DIR...`` (no MPI, no torch) and the
+one ``compare`` prints."""
+
+import json
+import os
+
+from .._registry import ALGORITHMS
+
+COLUMNS = [("algorithm", "algorithm", "{}"), ("lr", "lr", "{:g}"), ("final_accuracy", "test accuracy", "{:.4f}"),
+           ("final_loss", "test loss", "{:.4f}"), ("time_per_step_s", "ms/step", "{:.2f}"),
+           ("comm_time_s", "comm s", "{:.2f}"), ("consensus_distance", "consensus dist.", "{:.2e}")]
+
+
+def markdown(summaries):
+    def cell(s, key, fmt):
+        value = s[key] * 1e3 if key == "time_per_step_s" else s[key]
+        return fmt.format(value)
+    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(cell(s, k, f) for k, _, f in COLUMNS) + " |" for s in summaries]
+    return "\n".join(lines)
+
+
+def collect(folders):
+    """Summaries of every run folder (``summary.json``) under ``folders``, sorted by algorithm order and lr."""
+    found = []
+    for folder in folders:
+        for root, _, files in os.walk(folder):
+            if "summary.json" in files:
+                with open(os.path.join(root, "summary.json")) as f:
+                    found.append(json.load(f))
+    order = {a: i for i, a in enumerate(ALGORITHMS)}
+    return sorted(found, key=lambda s: (order.get(s["algorithm"], 99), s["lr"]))
+
+
+def write_table(out, summaries):
+    table = markdown(summaries)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "compare.json"), "w") as f:
+            json.dump(summaries, f, indent=2)
+        with open(os.path.join(out, "compare.md"), "w") as f:
+            f.write(table + "\n")
+    return table
+
+
+def table_main(args):
+    """``python -m mpigossip table DIR...``: one table from finished runs (e.g. an array job's)."""
+    summaries = collect(args.dirs)
+    if not summaries:
+        print(f"python -m mpigossip table: error: no summary.json under {' '.join(args.dirs)}")
+        return 1
+    print(write_table(args.out, summaries))
+    return 0

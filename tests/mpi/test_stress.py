@@ -1,0 +1,149 @@
+"""Stress: the concurrent communicators on every buffer kind, with large buffers, many steps
+and random per-rank delays, asserting exact invariants on dyadic data.
+
+This is what the GPU path got wrong (issue 9): a host-to-device copy out of a pinned staging
+buffer was still running when MPI wrote the next message into that buffer, and nothing was
+raised. Each test updates its buffer on the device the way a training loop does (``x += d``
+with ``d`` already on the device, no synchronisation by the caller) and then checks what
+cannot drift: OSGP's Σx and Σw after ``drain()``, EASGD's Σ workers + center, gossip push
+against the same schedule replayed on plain numpy. On this machine numpy, staged numpy and
+torch CPU run; CuPy and torch CUDA run where a GPU exists (``tests/gpu/run.sh``).
+
+``MPIGOSSIP_STRESS_MB`` sets the buffer size (16 MB of float64 by default).
+"""
+
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+
+import mpigossip as mg
+from mpigossip import topology as T
+
+from .helpers import comm, global_sum
+from .test_kinds import KINDS, make, to_host
+
+MB = float(os.environ.get("MPIGOSSIP_STRESS_MB", "16"))
+N = max(1, int(MB * (1 << 20)) // 8)
+
+
+def integers(seed, low, high, n=N):
+    return np.random.default_rng(seed).integers(low, high, n).astype(np.float64)
+
+
+class Jitter:
+    """Random per-rank pauses (0-3 ms, about one call in three), so that ranks drift apart
+    and messages arrive early, late, or while the receiver is busy."""
+
+    def __init__(self, seed):
+        self.rng = random.Random(f"stress:{seed}:{comm().rank}")
+
+    def __call__(self):
+        if self.rng.random() < 0.35:
+            time.sleep(self.rng.random() * 3e-3)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KINDS)
+@pytest.mark.parametrize("max_delay", [1, 2])
+def test_osgp_conserves_mass_under_delays(kind, stage, max_delay):
+    """Overlap PushSum with local updates between steps: after drain(), Σx is the initial sum
+    plus every update and Σw is the world size, exactly (shares 1/2, integer updates)."""
+    c = comm()
+    x = make(kind, integers(10 + c.rank, -1000, 1000))
+    d = make(kind, integers(20 + c.rank, -2, 3))  # the local update, already on the device
+    expected = global_sum(c, to_host(x)) + 24 * global_sum(c, to_host(d))
+    jitter = Jitter(max_delay)
+    ps = mg.PushSum(x, comm=c, topology=T.ExponentialGraph(peers=1), stage=stage, max_delay=max_delay)
+    for _ in range(24):  # 24 halvings of integers below 2^11: exact in float64
+        x += d           # queued on the user's stream, not synchronised
+        jitter()
+        ps.start()
+        jitter()
+        ps.finish()
+    ps.drain()
+    assert np.array_equal(global_sum(c, to_host(x)), expected), "overlap PushSum lost or duplicated mass"
+    assert c.allreduce(ps.weight) == c.size
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_easgd_conserves_mass_under_delays(kind, stage):
+    """Every rank a worker, exchanging at its own pace with local updates between exchanges:
+    Σ workers + center is the initial total plus every update, exactly (alpha = 1 keeps
+    integers integer however the exchanges interleave)."""
+    c = comm()
+    x = make(kind, integers(30 + c.rank, -1000, 1000))
+    d = make(kind, integers(40 + c.rank, -2, 3))
+    center0 = integers(50, -1000, 1000)
+    srv = mg.ParameterServer(N, np.float64, comm=c, servers=min(2, c.size), init=center0)
+    steps = 16
+    expected = global_sum(c, to_host(x)) + center0 + steps * global_sum(c, to_host(d))
+    ea = mg.ElasticAveraging(x, srv, beta=1.0, workers=1)
+    jitter = Jitter("easgd")
+    for _ in range(steps):
+        x += d
+        jitter()
+        ea.step()
+    c.Barrier()
+    center = srv.pull(np.empty(N))
+    assert np.array_equal(global_sum(c, to_host(x)) + center, expected), "elastic exchange lost mass"
+    srv.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_easgd_concurrent_exchanges_contract(kind, stage):
+    """The worst case of asynchrony: every worker pulls the same center before anyone pushes.
+    With the EASGD paper's rate (alpha = beta / P) the center and workers still meet; a
+    fixed per-worker rate of 1/2 multiplies their distance by 1 - (P + 1) / 2 per round and
+    diverges from 4 workers on (what training on a GPU, where ranks run in lockstep, hit)."""
+    c = comm()
+    n = min(N, 1 << 16)
+    x = make(kind, np.full(n, float(c.rank)))
+    srv = mg.ParameterServer(n, np.float64, comm=c, init=np.full(n, 100.0))
+    pull = srv.pull
+
+    def pull_then_meet(out):  # everyone has read the same center before anyone pushes
+        pull(out)
+        c.Barrier()
+        return out
+
+    srv.pull = pull_then_meet
+    ea = mg.ElasticAveraging(x, srv)
+    assert ea.alpha == pytest.approx(0.9 / c.size)
+    for _ in range(60):
+        ea.step()
+        c.Barrier()
+    srv.pull = pull
+    center = srv.pull(np.empty(n))
+    gap = max(c.allgather(float(np.abs(to_host(x) - center).max())))
+    assert gap < 0.1, f"center and workers did not meet under concurrent exchanges (gap {gap:.3g} of 100)"
+    srv.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_gossip_push_matches_numpy_under_delays(kind, stage):
+    """Gossip push replayed on plain numpy with the same schedule: any message combined
+    stale, twice or half-copied shows as a difference far above rounding."""
+    c = comm()
+    host = integers(60 + c.rank, -1000, 1000)
+    dhost = integers(70 + c.rank, -2, 3)
+    x, d = make(kind, host), make(kind, dhost)
+    ref = host.copy()
+    g = mg.Gossip(x, comm=c, mode="push", seed=11, stage=stage)
+    plain = mg.Gossip(ref, comm=c, mode="push", seed=11)
+    jitter = Jitter("push")
+    for _ in range(12):
+        x += d
+        ref += dhost
+        jitter()
+        g.step()
+        plain.step()
+    np.testing.assert_allclose(to_host(x), ref, rtol=1e-12, atol=1e-9)
+    g.free()
+    plain.free()

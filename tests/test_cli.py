@@ -1,0 +1,61 @@
+"""The command line without MPI: nothing initialises MPI or loads torch before it must
+(issue 10, items 3 and 5): the launcher, `table`, `plot` and flag errors leave /dev/shm as
+they found it; a bad flag is answered by rank 0 alone with the subcommand's usage."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpigossip-mpiexec")
+
+
+def segments():
+    return set(glob.glob("/dev/shm/sm_segment.*"))
+
+
+def run(*cmd, timeout=120):
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+
+
+def test_importing_the_package_starts_neither_mpi_nor_torch():
+    code = ("import sys, mpigossip, mpigossip.launcher, mpigossip.__main__, mpigossip.train.table, "
+            "mpigossip.train.plot, mpigossip.train.cli\n"
+            "loaded = [m for m in ('mpi4py.MPI', 'torch') if m in sys.modules]\n"
+            "assert not loaded, loaded\n"
+            "assert mpigossip.PushSum.__name__ == 'PushSum' and 'mpi4py.MPI' in sys.modules\n")
+    proc = run(sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_launcher_table_and_plot_leave_no_mpi_files(tmp_path):
+    before = segments()
+    assert run(MPIEXEC, "-n", "2", "true").returncode == 0
+    proc = run(sys.executable, "-m", "mpigossip", "table", str(tmp_path))
+    assert proc.returncode == 1 and "no summary.json" in proc.stdout
+    run(sys.executable, "-m", "mpigossip", "plot", str(tmp_path), "--out", str(tmp_path))
+    assert segments() == before, "something initialised MPI"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--lr", "-1"], "--lr must be > 0"),
+    (["train", "--servers", "3"], "--servers 3 exceeds the world size 2"),
+    (["train", "--topology", "bipartite", "--peers", "5"], "--topology bipartite --peers 5"),
+    (["compare", "--algorithms", "sgd"], "--algorithm 'sgd'"),
+    (["train", "--bogus", "3"], "unrecognized arguments: --bogus 3"),
+])
+def test_bad_flags_are_answered_before_mpi_starts(args, message):
+    before = segments()
+    proc = run(MPIEXEC, "-n", "2", sys.executable, "-m", "mpigossip", *args)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and out.count(message) == 1, out
+    if "--bogus" in args:
+        assert "usage: python -m mpigossip train" in out
+    assert segments() == before, "a rank initialised MPI before checking its flags"
+
+
+def test_bipartite_needs_an_even_world_size_even_alone():
+    proc = run(sys.executable, "-m", "mpigossip", "train", "--topology", "bipartite")
+    assert proc.returncode == 2 and "even world size" in proc.stderr, proc.stderr
