@@ -44,9 +44,9 @@ class FlatParameters:
         arrays: numpy/cupy views of ``groups`` (zero-copy), for communicators and kernels.
     """
 
-    def __init__(self, module):
-        params = [p for p in module.parameters()]
-        if not params:
+    def __init__(self, module, *, tensors=None):
+        params = list(module.parameters()) if tensors is None else list(tensors)
+        if not params and tensors is None:
             raise ValueError("the model has no parameters")
         keyed = {}
         for p in params:
@@ -63,8 +63,14 @@ class FlatParameters:
                 offset += n
             self.groups.append(flat)
             self.params.append(members)
-        self.buffers = [buffers.as_buffer(g, name="parameters") for g in self.groups]
-        self.arrays = [b.array for b in self.buffers]
+        self.views = [buffers.as_buffer(g, name="parameters") for g in self.groups]
+        self.arrays = [b.array for b in self.views]
+
+    @classmethod
+    def of_buffers(cls, module):
+        """The floating-point buffers of ``module`` (BatchNorm's running statistics), flattened
+        the same way (possibly no group at all)."""
+        return cls(module, tensors=[b for b in module.buffers() if b.is_floating_point()])
 
     def check_views(self):
         """Raise if something replaced a parameter's storage (then flat buffers would be stale)."""
@@ -84,7 +90,7 @@ class FlatParameters:
 def broadcast_parameters(flat, comm, root=0, *, timeout=None):
     """Make every rank start from root's parameters (with a deadline)."""
     timeout = deadline.check_timeout(timeout)
-    for buf in flat.buffers:
+    for buf in flat.views:
         buf.acquire()
         host = buf.array.get() if buf.on_device else buf.array
         deadline.bcast(comm, [host, buf.datatype], root=root, timeout=timeout, op="broadcast_parameters")
@@ -93,8 +99,26 @@ def broadcast_parameters(flat, comm, root=0, *, timeout=None):
             buf.release()
 
 
+def broadcast_buffers(module, comm, root=0, *, timeout=None):
+    """Make every rank start from root's buffers (BatchNorm statistics and counters)."""
+    from mpi4py.util.dtlib import from_numpy_dtype
+    timeout = deadline.check_timeout(timeout)
+    for tensor in module.buffers():
+        host = tensor.detach().cpu().numpy().copy()
+        deadline.bcast(comm, [host, from_numpy_dtype(host.dtype)], root=root, timeout=timeout,
+                       op="broadcast_buffers")
+        with torch.no_grad():
+            tensor.copy_(torch.from_numpy(host))
+
+
 class _Wrapper(abc.ABC):
-    """Base of the wrappers: flattens the model, broadcasts rank 0's parameters."""
+    """Base of the wrappers: flattens the model, broadcasts rank 0's parameters and buffers.
+
+    Buffers (BatchNorm's running statistics) are broadcast at construction, then stay each
+    rank's own (statistics of its own data) except where an algorithm says otherwise
+    (AllReduce averages them every step); :meth:`consensus_buffers` gives their exact mean,
+    which the consensus model uses. They are in ``model.state_dict()``, so in checkpoints.
+    """
 
     name = "?"
 
@@ -104,8 +128,10 @@ class _Wrapper(abc.ABC):
         self.model, self.comm = model, comm
         self.timeout = deadline.check_timeout(timeout)
         self.flat = FlatParameters(model)
+        self.flat_buffers = FlatParameters.of_buffers(model)
         if broadcast:
             broadcast_parameters(self.flat, comm, timeout=self.timeout)
+            broadcast_buffers(model, comm, timeout=self.timeout)
         self.steps = 0
         self.comms = [self._make(array) for array in self.flat.arrays]
 
@@ -121,10 +147,11 @@ class _Wrapper(abc.ABC):
     def _ordered(self):
         """Device work queued inside runs after the user's pending work on the parameters
         (e.g. the optimizer's), and the user's later work (the next forward) after it."""
-        for buf in self.flat.buffers:
+        views = self.flat.views + self.flat_buffers.views
+        for buf in views:
             buf.acquire()
         yield
-        for buf in self.flat.buffers:
+        for buf in views:
             buf.release()
 
     def step(self):
@@ -135,10 +162,18 @@ class _Wrapper(abc.ABC):
 
     def consensus_parameters(self):
         """Exact mean over ranks of the parameters the model evaluates (collective)."""
+        return self._mean(self.model_buffers(), "consensus_parameters")
+
+    def consensus_buffers(self):
+        """Exact mean over ranks of the floating-point buffers, one host array per group of
+        :attr:`flat_buffers` (collective)."""
+        return self._mean(self.flat_buffers.groups, "consensus_buffers")
+
+    def _mean(self, groups, what):
         out = []
-        for g in self.model_buffers():
+        for g in groups:
             host = g.detach().cpu().numpy().astype(np.float64)
-            deadline.allreduce(self.comm, host, timeout=self.timeout, op=f"{self.name} consensus_parameters")
+            deadline.allreduce(self.comm, host, timeout=self.timeout, op=f"{self.name} {what}")
             out.append(host / self.comm.Get_size())
         return out
 
@@ -178,17 +213,28 @@ class AllReduce(_Wrapper):
 
     All ranks start from the same parameters and apply the same averaged update, so
     averaging the updates (Jin et al.) equals averaging the parameters, which needs no
-    snapshot of the previous parameters.
+    snapshot of the previous parameters. Floating-point buffers (BatchNorm statistics) are
+    averaged too, so that every rank holds the same model.
     """
 
     name = "allreduce"
+
+    def __init__(self, model, *, comm, timeout=None):
+        super().__init__(model, comm=comm, timeout=timeout)
+        self.buffer_comms = [self._make(array) for array in self.flat_buffers.arrays]
 
     def _make(self, array):
         return AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
 
     def _step(self):
-        for c in self.comms:
+        for c in self.comms + self.buffer_comms:
             c.average()
+
+    def free(self):
+        super().free()
+        for c in self.buffer_comms:
+            c.free()
+        self.buffer_comms = []
 
 
 class _Periodic(_Wrapper):

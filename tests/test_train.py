@@ -213,3 +213,25 @@ def test_an_exception_on_one_rank_ends_the_job_at_once(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "KeyError: 'model'" in out and "uncaught exception; aborting" in out, out
     assert time.monotonic() - start < 60, "the other rank waited for the one that failed"
+
+
+def test_resnet18_batchnorm_statistics_are_synchronised(tmp_path):
+    """ResNet-18 has BatchNorm: with AllReduce every rank's checkpoint holds the same
+    running statistics (they used to stay each rank's own); SGP runs and evaluates its
+    consensus model with the mean statistics."""
+    import torch
+    out = tmp_path / "allreduce"
+    proc = mg(2, "train", "--algorithm", "allreduce", "--model", "resnet18", "--steps", "6", "--batch-size", "8",
+              "--checkpoint-every", "3", "--eval-every", "3", "--quiet", "--out", str(out), timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    step_dir = out / "checkpoints" / "step-00000003"
+    models = [torch.load(step_dir / f"rank-{r}.pt", weights_only=True)["model"] for r in range(2)]
+    stats = [k for k in models[0] if k.endswith("running_mean") or k.endswith("running_var")]
+    assert len(stats) >= 40
+    for key in stats:
+        torch.testing.assert_close(models[0][key], models[1][key])
+    assert models[0]["stem.1.running_var"].sub(1).abs().max() > 1e-3  # the statistics did move
+    proc = mg(2, "train", "--algorithm", "sgp", "--model", "resnet18", "--steps", "6", "--batch-size", "8",
+              "--quiet", "--out", str(tmp_path / "sgp"), timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert 0.0 <= summary(tmp_path / "sgp")["final_accuracy"] <= 1.0

@@ -157,6 +157,7 @@ class Run:
         self.eval_model = models.build(args.model, self.data.shape, self.data.classes).to(self.device)
         self.algo = self._make_algorithm()
         self.eval_flat = mgt.FlatParameters(self.eval_model)
+        self.eval_buffers = mgt.FlatParameters.of_buffers(self.eval_model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=args.momentum,
                                          nesterov=args.nesterov and args.momentum > 0,
                                          weight_decay=args.weight_decay)
@@ -209,6 +210,8 @@ class Run:
         for group, mean, own in zip(self.eval_flat.groups, consensus, self.algo.model_buffers()):
             group.copy_(torch.from_numpy(mean).to(group.dtype))
             distance += float(((own.detach().double().cpu().numpy() - mean) ** 2).sum())
+        for group, mean in zip(self.eval_buffers.groups, self.algo.consensus_buffers()):
+            group.copy_(torch.from_numpy(mean).to(group.dtype))  # BatchNorm statistics: their mean too
         distance = math.sqrt(self._sum(distance) / self.size)
         n = len(self.x_test)
         lo, hi = self.rank * n // self.size, (self.rank + 1) * n // self.size  # consensus: split the test set

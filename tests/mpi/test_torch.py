@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 import mpigossip as mg  # noqa: E402
 import mpigossip.torch as mgt  # noqa: E402
 
-from .helpers import comm  # noqa: E402
+from .helpers import comm, global_sum  # noqa: E402
 
 
 def data(rank, n=64, d=5):
@@ -78,6 +78,36 @@ def test_every_wrapper_keeps_views_and_drives_consensus(name):
     algo.flat.check_views()
     state = algo.state_dict()
     assert state["algorithm"] == name and state["steps"] == 30
+    algo.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", ["allreduce", "sgp", "easgd"])
+def test_batchnorm_statistics_broadcast_averaged_and_in_the_consensus(name):
+    """Buffers start as rank 0's; AllReduce keeps them equal on every rank; every algorithm's
+    consensus_buffers() is their exact mean (what the consensus model evaluates with)."""
+    c = comm()
+    torch.manual_seed(c.rank)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    bn = model[1]
+    with torch.no_grad():
+        bn.running_mean.fill_(float(c.rank))
+        bn.num_batches_tracked.fill_(c.rank)
+    algo = mgt.make(name, model, comm=c)
+    for tensor in (bn.running_mean, bn.running_var, bn.num_batches_tracked):
+        values = c.allgather(tensor.detach().numpy().copy())
+        assert all(np.array_equal(values[0], v) for v in values), "buffers not broadcast at construction"
+    assert float(bn.running_mean[0]) == 0.0
+    for _ in range(4):
+        model(torch.randn(16, 4) + 3.0 * c.rank)  # training mode: statistics of this rank's data
+        algo.step()
+    mean = global_sum(c, bn.running_mean.detach().numpy()) / c.size
+    np.testing.assert_allclose(algo.consensus_buffers()[0][:8], mean, rtol=1e-6)
+    spread = max(c.allgather(float(np.abs(bn.running_mean.detach().numpy() - mean).max())))
+    if name == "allreduce":
+        assert spread < 1e-5, "AllReduce left the ranks with different BatchNorm statistics"
+    else:
+        assert spread > 0.1, "the statistics were expected to stay each rank's own"
     algo.free()
 
 
