@@ -23,7 +23,7 @@ template <typename T> __device__ __forceinline__ T store(const typename Acc<T>::
 template <> __device__ __forceinline__ __half store<__half>(const float v) { return __float2half(v); }
 
 // W consecutive elements, loaded and stored as one aligned access.
-template <typename T, int W> struct __align__(sizeof(T) * W) Pack { T v[W]; };
+template <typename T, int W> struct alignas(sizeof(T) * W) Pack { T v[W]; };
 
 #define GRID_STRIDE(i, n) \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
