@@ -19,14 +19,16 @@ def test_ci_runs_the_readme_commands():
         assert command in readme, f"README.md lacks the CI command: {command}"
 
 
-def test_readme_documents_every_cli_flag():
+def test_readme_documents_every_cli_flag_and_benchmark():
     from mpigossip.__main__ import build_parser
     readme = read("README.md")
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    for name, cmd in sub.choices.items():
+    _, commands = build_parser()
+    for name, cmd in commands.items():
         assert f"mpigossip {name}" in readme, name
         for action in cmd._actions:
             for flag in action.option_strings:
                 if flag.startswith("--") and flag != "--help":
                     assert re.search(re.escape(flag) + r"\b", readme), f"README.md lacks {name} {flag}"
+    for script in sorted(os.listdir(os.path.join(ROOT, "benchmarks"))):
+        if script.endswith(".py"):
+            assert f"benchmarks/{script}" in readme, f"README.md lacks {script}"
