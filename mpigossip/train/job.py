@@ -32,6 +32,8 @@ from .cli import DEFAULTS, UsageError, algorithms_of, check_arguments, parse_str
 STOP_CHECK_EVERY = 10
 #: Exit status after a signal-triggered checkpoint (EX_TEMPFAIL): the job scripts requeue on it.
 EXIT_PREEMPTED = 75
+#: Written into ``OUT/checkpoints`` by rank 0 once a preemption checkpoint is complete.
+PREEMPTED_MARKER = "preempted.json"
 
 
 class Preempted(Exception):
@@ -270,6 +272,10 @@ class Run:
     def _preempt(self, step):
         """Checkpoint at ``step`` and raise :class:`Preempted` (exit status 75)."""
         save_checkpoint(self.comm, self.out, step, self.state(step), self.timeout)
+        if self.rank == 0:  # for job scripts: the exit status alone may be lost (srun --kill-on-bad-exit)
+            _atomic_write(os.path.join(self.out, "checkpoints", PREEMPTED_MARKER),
+                          lambda tmp: json.dump({"step": step}, open(tmp, "w")))
+        deadline.barrier(self.comm, timeout=self.timeout, op="preemption")  # no rank exits before it exists
         if self.metrics_file is not None:
             self.metrics_file.close()
         self.algo.free()
