@@ -1,0 +1,52 @@
+"""torch adapter (``mpigossip.torch``): a model's parameters in flat buffers, and one wrapper per algorithm.
+
+:class:`FlatParameters` moves a model's parameters into one contiguous buffer per
+(device, dtype) group and makes each parameter a view of it, so one message carries a
+whole group. Every wrapper has the same contract::
+
+    algo = mpigossip.torch.SGP(model, comm=comm)
+    for batch in data:
+        loss = criterion(model(inputs), targets)
+        optimizer.zero_grad(); loss.backward(); optimizer.step()
+        algo.step()
+
+Create the wrapper before the optimizer: flattening re-points ``param.data`` (the
+``Parameter`` objects the optimizer holds stay the same, so either order works, but an
+optimizer that cached tensors of its own, e.g. fused state, must be built afterwards).
+Wrappers work with any torch optimizer; they see only the parameters. Every wrapper takes
+``timeout=`` (seconds any of its waits may take, default ``$MPIGOSSIP_TIMEOUT`` or 300).
+"""
+
+from .._registry import ALGORITHMS, OPTIONS
+from .allreduce import AllReduce
+from .base import _Wrapper  # noqa: F401 - for subclasses outside the package
+from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
+from .gossip import GossipPull, GossipPush
+from .server import ASGD, EASGD
+from .sgp import OSGP, SGP
+
+__all__ = ["ALGORITHMS", "OPTIONS", "AllReduce", "ASGD", "EASGD", "FlatParameters", "GossipPull", "GossipPush",
+           "OSGP", "SGP", "broadcast_buffers", "broadcast_parameters", "make"]
+
+
+_CLASSES = {"allreduce": AllReduce, "easgd": EASGD, "asgd": ASGD, "gossip-pull": GossipPull,
+            "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP}
+
+
+def make(name, model, *, comm, **options):
+    """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`) with its options
+    (:data:`OPTIONS`, and ``timeout``, which every wrapper takes).
+
+    Raises:
+        ValueError: unknown algorithm.
+        TypeError: an option that algorithm does not take (misspelled, or another algorithm's),
+            naming it and the options it does take.
+    """
+    if name not in _CLASSES:
+        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
+    accepted = OPTIONS[name] + ("timeout",)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"make({name!r}): unexpected option{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(unknown)}; {name} takes {', '.join(accepted)}")
+    return _CLASSES[name](model, comm=comm, **options)

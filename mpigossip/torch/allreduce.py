@@ -1,0 +1,33 @@
+"""AllReduce SGD: exact averaging of the parameters after each step."""
+
+from ..allreduce import AllreduceAverager
+from .base import _Wrapper
+
+
+class AllReduce(_Wrapper):
+    """AllReduce SGD: after each local update, every rank takes the exact mean.
+
+    All ranks start from the same parameters and apply the same averaged update, so
+    averaging the updates (Jin et al.) equals averaging the parameters, which needs no
+    snapshot of the previous parameters. Floating-point buffers (BatchNorm statistics) are
+    averaged too, so that every rank holds the same model.
+    """
+
+    name = "allreduce"
+
+    def __init__(self, model, *, comm, timeout=None):
+        super().__init__(model, comm=comm, timeout=timeout)
+        self.buffer_comms = [self._make(array) for array in self.flat_buffers.arrays]
+
+    def _make(self, array):
+        return AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
+
+    def _step(self):
+        for c in self.comms + self.buffer_comms:
+            c.average()
+
+    def free(self):
+        super().free()
+        for c in self.buffer_comms:
+            c.free()
+        self.buffer_comms = []

@@ -1,0 +1,130 @@
+"""What every wrapper shares: flattening, the initial broadcast, device ordering, consensus,
+checkpoint state, ``free()``."""
+
+import abc
+import contextlib
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import deadline
+from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
+
+
+class _Wrapper(abc.ABC):
+    """Base of the wrappers: flattens the model, broadcasts rank 0's parameters and buffers.
+
+    Buffers (BatchNorm's running statistics) are broadcast at construction, then stay each
+    rank's own (statistics of its own data) except where an algorithm says otherwise
+    (AllReduce averages them every step); :meth:`consensus_buffers` gives their exact mean,
+    which the consensus model uses. They are in ``model.state_dict()``, so in checkpoints.
+    """
+
+    name = "?"
+
+    def __init__(self, model, *, comm, broadcast=True, timeout=None):
+        if not isinstance(comm, MPI.Intracomm):
+            raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+        self.model, self.comm = model, comm
+        self.timeout = deadline.check_timeout(timeout)
+        self.flat = FlatParameters(model)
+        self.flat_buffers = FlatParameters.of_buffers(model)
+        if broadcast:
+            broadcast_parameters(self.flat, comm, timeout=self.timeout)
+            broadcast_buffers(model, comm, timeout=self.timeout)
+        self.steps = 0
+        self.comms = [self._make(array) for array in self.flat.arrays]
+
+    @abc.abstractmethod
+    def _make(self, array):
+        """The communicator (or worker) for one flat parameter group."""
+
+    @abc.abstractmethod
+    def _step(self):
+        """One iteration's communication."""
+
+    @contextlib.contextmanager
+    def _ordered(self):
+        """Device work queued inside runs after the user's pending work on the parameters
+        (e.g. the optimizer's), and the user's later work (the next forward) after it."""
+        views = self.flat.views + self.flat_buffers.views
+        for buf in views:
+            buf.acquire()
+        yield
+        for buf in views:
+            buf.release()
+
+    def step(self):
+        """Call once per iteration, after ``optimizer.step()``."""
+        with self._ordered():
+            self._step()
+        self.steps += 1
+
+    def consensus_parameters(self):
+        """Exact mean over ranks of the parameters the model evaluates (collective)."""
+        return self._mean(self.model_buffers(), "consensus_parameters")
+
+    def consensus_buffers(self):
+        """Exact mean over ranks of the floating-point buffers, one host array per group of
+        :attr:`flat_buffers` (collective)."""
+        return self._mean(self.flat_buffers.groups, "consensus_buffers")
+
+    def _mean(self, groups, what):
+        out = []
+        for g in groups:
+            host = g.detach().cpu().numpy().astype(np.float64)
+            deadline.allreduce(self.comm, host, timeout=self.timeout, op=f"{self.name} {what}")
+            out.append(host / self.comm.Get_size())
+        return out
+
+    def model_buffers(self):
+        return self.flat.groups
+
+    def drain(self):
+        """Complete every message in flight (no-op for synchronous algorithms)."""
+
+    def state_dict(self):
+        self.drain()
+        return {"algorithm": self.name, "steps": self.steps}
+
+    def load_state_dict(self, state):
+        if state.get("algorithm") != self.name:
+            raise ValueError(f"checkpoint is for {state.get('algorithm')!r}, not {self.name!r}")
+        self.steps = int(state["steps"])
+
+    def free(self):
+        self.drain()
+        for c in self.comms:
+            c.free()
+        self.comms = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self):
+        return f"<mpigossip.torch.{type(self).__name__} params={self.flat.numel} steps={self.steps}>"
+
+
+class _Periodic(_Wrapper):
+    """Wrappers whose communicator's own ``step()`` counts calls and communicates every
+    ``tau``-th one; its counters (``_counters``) are part of the checkpoint."""
+
+    _counters = ()
+
+    def _step(self):
+        for c in self.comms:
+            c.step()
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["counters"] = [[getattr(c, k) for k in self._counters] for c in self.comms]
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for c, values in zip(self.comms, state["counters"]):
+            for key, value in zip(self._counters, values):
+                setattr(c, key, int(value))

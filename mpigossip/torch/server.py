@@ -1,0 +1,74 @@
+"""The parameter-server algorithms: EASGD and asynchronous (Downpour) SGD."""
+
+import numpy as np
+
+from .. import kernels
+from ..elastic import AsyncSGD as _AsyncWorker
+from ..elastic import ElasticAveraging
+from ..server import ParameterServer
+from .base import _Periodic, _Wrapper
+
+
+class _WithServer(_Wrapper):
+    """Wrappers whose groups each have a :class:`ParameterServer` (center = initial parameters)."""
+
+    def _server(self, array):
+        server = ParameterServer(array.size, array.dtype, comm=self.comm, servers=self.servers, init=array,
+                                 timeout=self.timeout)
+        self.servers_.append(server)
+        return server
+
+    def center_parameters(self):
+        """The center variable, one host array per group."""
+        return [s.pull(np.empty(s.size_elements, s.dtype)) for s in self.servers_]
+
+    def free(self):
+        super().free()
+        for s in self.servers_:
+            s.free()
+        self.servers_ = []
+
+
+class EASGD(_WithServer, _Periodic):
+    """Elastic Averaging SGD with the center on ``servers`` ranks (co-located with workers).
+
+    ``beta`` is the center's moving rate; each of the P workers moves by ``beta / P`` (see
+    :class:`mpigossip.ElasticAveraging`)."""
+
+    name = "easgd"
+    _counters = ("calls", "exchanges")
+
+    def __init__(self, model, *, comm, beta=0.9, tau=4, servers=1, timeout=None):
+        self.beta, self.tau, self.servers = beta, tau, servers
+        self.servers_ = []
+        super().__init__(model, comm=comm, timeout=timeout)
+
+    def _make(self, array):
+        return ElasticAveraging(array, self._server(array), beta=self.beta, tau=self.tau)
+
+
+class ASGD(_WithServer):
+    """Asynchronous (Downpour) SGD: push this step's update to the server, pull the center.
+
+    Each worker pushes ``1/P`` of its local update (P = world size), so that one round of
+    P pushes moves the center by the mean update, as AllReduce SGD would; pushing whole
+    updates multiplies the effective learning rate by P and diverges at AllReduce's rate.
+    """
+
+    name = "asgd"
+
+    def __init__(self, model, *, comm, servers=1, timeout=None):
+        self.servers, self.servers_, self.prev, self.delta = servers, [], [], []
+        super().__init__(model, comm=comm, timeout=timeout)
+
+    def _make(self, array):
+        self.prev.append(array.copy())
+        self.delta.append(array.copy())
+        return _AsyncWorker(array, self._server(array))
+
+    def _step(self):
+        for worker, array, prev, delta in zip(self.comms, self.flat.arrays, self.prev, self.delta):
+            share = 1.0 / self.comm.Get_size()
+            kernels.weighted_sum(delta, array, share, [prev], [-share])  # delta = (x - prev) / P
+            worker.step(delta)                                     # center += delta; x = center
+            prev[...] = array

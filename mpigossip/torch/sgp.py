@@ -1,0 +1,108 @@
+"""Stochastic Gradient Push, synchronous and overlapping (Assran et al.)."""
+
+import numpy as np
+import torch
+
+from .. import kernels
+from .. import topology as topo_mod
+from ..pushsum import PushSum
+from .base import _Wrapper
+
+
+class SGP(_Wrapper):
+    """Stochastic Gradient Push (Algorithm 1 of Assran et al.).
+
+    The model's parameters hold the de-biased ``z = x / w``; the numerator ``x`` lives in
+    the wrapper. After ``optimizer.step()`` turned ``z`` into ``z + Δ``, :meth:`step`
+    applies the same update to the numerator, ``x += Δ`` (so the gradient taken at ``z``
+    is applied to ``x``, with any optimizer), mixes ``(x, w)`` with PushSum, and writes the
+    new ``z = x / w`` back into the parameters in the same fused pass.
+    """
+
+    name = "sgp"
+    max_delay = 0
+    overlap = False
+
+    def __init__(self, model, *, comm, topology=None, peers=1, timeout=None):
+        self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
+        self.numerators = []
+        super().__init__(model, comm=comm, timeout=timeout)
+
+    def _make(self, array):
+        x = array.copy()
+        self.numerators.append(x)
+        # Synchronous: the combine writes z in the same pass. Overlap: z is written after start().
+        return PushSum(x, comm=self.comm, topology=self.topology, z=None if self.overlap else array,
+                       max_delay=self.max_delay, timeout=self.timeout)
+
+    def _apply_update(self):
+        for ps, z in zip(self.comms, self.flat.arrays):
+            # x += z_new - x / w, i.e. x = (1 - 1/w) x + z_new  (exactly z_new when w == 1)
+            kernels.weighted_sum(ps.buffer.array, ps.buffer.array, 1.0 - 1.0 / ps.weight, [z], [1.0])
+
+    def _step(self):
+        self._apply_update()
+        for ps in self.comms:
+            ps.step()  # z written by the fused combine
+
+    @property
+    def weights(self):
+        return [ps.weight for ps in self.comms]
+
+    def state_dict(self):
+        self.drain()
+        state = super().state_dict()
+        state["weights"] = self.weights
+        # torch tensors, not numpy arrays: checkpoints load with torch.load(weights_only=True)
+        state["numerators"] = [torch.from_numpy(np.array(x if isinstance(x, np.ndarray) else x.get()))
+                               for x in self.numerators]
+        state["pushsum_steps"] = [ps.step_count for ps in self.comms]
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for ps, x, w, k in zip(self.comms, state["numerators"], state["weights"], state["pushsum_steps"]):
+            _copy_in(ps.buffer.array, x)
+            ps.weight = float(w)
+            ps.step_count = int(k)
+        with self._ordered():
+            for z, ps in zip(self.flat.arrays, self.comms):
+                kernels.debias(z, ps.buffer.array, ps.weight)
+
+
+class OSGP(SGP):
+    """Overlap SGP: this step's share is sent while the next forward/backward runs;
+    arrivals are added at the next step, at most ``max_delay`` steps late."""
+
+    name = "osgp"
+    overlap = True
+
+    def __init__(self, model, *, comm, topology=None, peers=1, max_delay=1, timeout=None):
+        self.max_delay = max_delay
+        super().__init__(model, comm=comm, topology=topology, peers=peers, timeout=timeout)
+
+    def _step(self):
+        self._apply_update()
+        for ps, z in zip(self.comms, self.flat.arrays):
+            if ps.started:
+                ps.finish()     # add what arrived
+            ps.start()          # split the share off and send it; x / w is unchanged
+            kernels.debias(z, ps.buffer.array, ps.weight)
+
+    def drain(self):
+        with self._ordered():
+            for ps, z in zip(self.comms, self.flat.arrays):
+                if ps.started:
+                    ps.finish()
+                ps.drain()
+                kernels.debias(z, ps.buffer.array, ps.weight)
+
+
+def _copy_in(array, host):
+    """Copy a host array (or CPU tensor) into a numpy or cupy array."""
+    if isinstance(host, torch.Tensor):
+        host = host.numpy()
+    if isinstance(array, np.ndarray):
+        array[...] = host
+    else:
+        array.set(np.ascontiguousarray(host, dtype=array.dtype))
