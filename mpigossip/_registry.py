@@ -5,9 +5,9 @@ MPI are loaded.
 """
 
 #: Every algorithm, in the order tables list them.
-ALGORITHMS = ("allreduce", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp")
+ALGORITHMS = ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp")
 
 #: The options each algorithm's wrapper takes (besides ``comm`` and ``timeout``).
-OPTIONS = {"allreduce": (), "easgd": ("beta", "tau", "servers"), "asgd": ("servers",),
+OPTIONS = {"allreduce": ("bucket_mb",), "allreduce-params": (), "easgd": ("beta", "tau", "servers"), "asgd": ("servers",),
            "gossip-pull": ("tau", "seed"), "gossip-push": ("tau", "seed"), "sgp": ("topology", "peers"),
            "osgp": ("topology", "peers", "max_delay")}

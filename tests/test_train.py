@@ -37,7 +37,7 @@ def all_runs(tmp_path_factory):
 
 def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
     out, proc = all_runs
-    for algo in ("allreduce", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp"):
+    for algo in ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp"):
         s = summary(out / algo)
         assert s["final_accuracy"] >= 0.90, (algo, s)
         assert s["world_size"] == 4 and s["steps"] == 300
@@ -51,7 +51,8 @@ def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
         assert any("test_accuracy" in r and "consensus_distance" in r for r in m)
         assert f"{algo}: 4 ranks" in proc.stdout
     assert abs(summary(out / "sgp")["final_accuracy"] - summary(out / "allreduce")["final_accuracy"]) <= 0.01
-    assert summary(out / "allreduce")["consensus_distance"] < 1e-6
+    for algo in ("allreduce", "allreduce-params"):
+        assert summary(out / algo)["consensus_distance"] < 1e-6
     with open(out / "sgp" / "config.json") as f:
         assert json.load(f)["algorithm"] == "sgp"
 

@@ -22,15 +22,16 @@ from .allreduce import AllReduce
 from .base import _Wrapper  # noqa: F401 - for subclasses outside the package
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 from .gossip import GossipPull, GossipPush
+from .gradients import GradientAllReduce
 from .server import ASGD, EASGD
 from .sgp import OSGP, SGP
 
-__all__ = ["ALGORITHMS", "OPTIONS", "AllReduce", "ASGD", "EASGD", "FlatParameters", "GossipPull", "GossipPush",
+__all__ = ["ALGORITHMS", "OPTIONS", "AllReduce", "ASGD", "EASGD", "FlatParameters", "GossipPull", "GossipPush", "GradientAllReduce",
            "OSGP", "SGP", "broadcast_buffers", "broadcast_parameters", "make"]
 
 
-_CLASSES = {"allreduce": AllReduce, "easgd": EASGD, "asgd": ASGD, "gossip-pull": GossipPull,
-            "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP}
+_CLASSES = {"allreduce": GradientAllReduce, "allreduce-params": AllReduce, "easgd": EASGD, "asgd": ASGD,
+            "gossip-pull": GossipPull, "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP}
 
 
 def make(name, model, *, comm, **options):

@@ -5,7 +5,8 @@ from .base import _Wrapper
 
 
 class AllReduce(_Wrapper):
-    """AllReduce SGD: after each local update, every rank takes the exact mean.
+    """AllReduce SGD by parameter averaging (``"allreduce-params"``): after each local
+    update, every rank takes the exact mean of the parameters.
 
     All ranks start from the same parameters and apply the same averaged update, so
     averaging the updates (Jin et al.) equals averaging the parameters, which needs no
@@ -13,11 +14,12 @@ class AllReduce(_Wrapper):
     averaged too, so that every rank holds the same model.
     """
 
-    name = "allreduce"
+    name = "allreduce-params"
 
     def __init__(self, model, *, comm, timeout=None):
         super().__init__(model, comm=comm, timeout=timeout)
-        self.buffer_comms = [self._make(array) for array in self.flat_buffers.arrays]
+        self.buffer_comms = [AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
+                             for array in self.flat_buffers.arrays]
 
     def _make(self, array):
         return AllreduceAverager(array, comm=self.comm, timeout=self.timeout)

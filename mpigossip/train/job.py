@@ -328,6 +328,7 @@ class Run:
                 flag[0] = self.stop_requested
                 agreement = comm.Iallreduce(flag, agreed, op=MPI.MAX)
             t0 = time.perf_counter()
+            w0 = deadline.waited_seconds()  # from here: gradient AllReduce waits inside optimizer.step()
             idx = torch.from_numpy(self.rng.integers(0, n, self.args.batch_size)).to(self.device)
             loss = F.cross_entropy(self.model(self.x_train[idx]), self.y_train[idx])
             self.optimizer.zero_grad(set_to_none=False)
@@ -343,7 +344,6 @@ class Run:
             if args.delay_prob and self.slow_rng.random() < args.delay_prob:
                 time.sleep(args.delay_ms / 1e3)
             t2 = time.perf_counter()
-            w0 = deadline.waited_seconds()
             self.algo.step()
             t3 = time.perf_counter()
             self.times["compute_s"] += t2 - t0

@@ -112,6 +112,59 @@ def test_batchnorm_statistics_broadcast_averaged_and_in_the_consensus(name):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradient_allreduce_gives_every_rank_adam_on_the_mean_gradient(set_to_none):
+    """Against a hand-made reference on every rank: local gradients, their exact mean by a
+    blocking Allreduce, Adam. Many small buckets (two per layer), a layer unused on odd
+    steps (its gradient is then zero or absent), both ways of zeroing gradients."""
+    c = comm()
+    torch.manual_seed(0)
+
+    def build():
+        return torch.nn.ModuleDict({"a": torch.nn.Linear(6, 16), "b": torch.nn.Linear(16, 3),
+                                    "skip": torch.nn.Linear(6, 3)})
+
+    ours, ref = build(), build()
+    ref.load_state_dict(ours.state_dict())
+    algo = mgt.make("allreduce", ours, comm=c, bucket_mb=64 / 2 ** 20)  # 64-byte buckets
+    assert len(algo.buckets) >= 4
+    opt, ref_opt = torch.optim.Adam(ours.parameters(), lr=0.01), torch.optim.Adam(ref.parameters(), lr=0.01)
+    rng = torch.Generator().manual_seed(1 + c.rank)
+
+    def loss(model, x, step):
+        out = model["b"](torch.relu(model["a"](x)))
+        return (out ** 2).mean() + (model["skip"](x).mean() if step % 2 == 0 else 0.0)
+
+    for step in range(6):
+        x = torch.randn(8, 6, generator=rng)
+        opt.zero_grad(set_to_none=set_to_none)
+        loss(ours, x, step).backward()
+        opt.step()
+        algo.step()
+        ref_opt.zero_grad(set_to_none=True)
+        loss(ref, x, step).backward()
+        for p in ref.parameters():
+            g = np.zeros(p.shape, np.float32) if p.grad is None else p.grad.numpy().copy()
+            c.Allreduce(mg_mpi().IN_PLACE, g)
+            p.grad = torch.from_numpy(g / c.size)
+        ref_opt.step()
+        for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+            np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{name} at step {step}")
+    same = c.allgather(torch.cat([p.detach().ravel() for p in ours.parameters()]).numpy())
+    assert all(np.array_equal(same[0], s) for s in same), "ranks hold different models"
+    algo.free()
+    opt.zero_grad()
+    loss(ours, x, 0).backward()
+    opt.step()  # after free(): a plain optimizer again, no hook left behind
+
+
+def mg_mpi():
+    from mpi4py import MPI
+    return MPI
+
+
+@pytest.mark.mpi(min_size=1)
 def test_make_refuses_options_the_algorithm_does_not_take():
     c = comm()
     model = torch.nn.Linear(3, 2)
@@ -119,7 +172,7 @@ def test_make_refuses_options_the_algorithm_does_not_take():
         mgt.make("sgp", model, comm=c, peer=2, max_delay=3, tau=9)
     text = str(err.value)
     assert "unexpected options max_delay, peer, tau" in text and "sgp takes topology, peers, timeout" in text
-    with pytest.raises(TypeError, match="unexpected option beta; allreduce takes timeout"):
+    with pytest.raises(TypeError, match="unexpected option beta; allreduce takes bucket_mb, timeout"):
         mgt.make("allreduce", model, comm=c, beta=0.5)
     with pytest.raises(ValueError, match="unknown algorithm"):
         mgt.make("sgd", model, comm=c)

@@ -1,0 +1,170 @@
+"""AllReduce SGD as DDP and Horovod do it: gradients averaged in buckets during the backward pass."""
+
+import weakref
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .. import buffers
+from ..allreduce import AllreduceAverager
+from .allreduce import AllReduce
+
+
+class _Bucket:
+    """A contiguous range of one group's gradient buffer, averaged by one ``Iallreduce``."""
+
+    __slots__ = ("averager", "params", "ready", "started")
+
+    def __init__(self, averager, params):
+        self.averager, self.params = averager, params
+        self.ready, self.started = set(), False
+
+
+class GradientAllReduce(AllReduce):
+    """AllReduce SGD with gradient averaging overlapped with the backward pass.
+
+    Each parameter's gradient is copied, as soon as autograd has accumulated it, into a flat
+    gradient buffer split into buckets of about ``bucket_mb`` MB, last layers first (their
+    gradients are ready first); a full bucket starts its nonblocking ``Iallreduce`` at once,
+    while the backward pass goes on with earlier layers. Before ``optimizer.step()`` runs (a
+    step pre-hook on any optimizer holding these parameters) the buckets are completed and
+    every ``param.grad`` becomes a view of the averaged buffer, so the optimizer, whatever
+    it is (Adam included), sees the mean gradient, as in single-process training on the
+    union of the batches. ``step()`` after ``optimizer.step()`` then only averages the
+    floating-point buffers (BatchNorm statistics), as :class:`AllReduce` does.
+
+    Contract: one ``backward()`` per ``optimizer.step()`` on every rank (no gradient
+    accumulation over several backward passes); a parameter that gets no gradient in a pass
+    contributes zeros. Code that reads the gradients between ``backward()`` and
+    ``optimizer.step()`` (e.g. gradient clipping) calls :meth:`synchronize` first.
+
+    Args:
+        model: the torch module.
+        comm: communicator (keyword-only).
+        bucket_mb: bucket size in MB (25, as DDP's default).
+        timeout: seconds any wait may take.
+    """
+
+    name = "allreduce"
+
+    def __init__(self, model, *, comm, bucket_mb=25, timeout=None):
+        if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
+        self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
+        self.grads, self.grad_views, self.buckets, self._where = [], [], [], {}
+        super().__init__(model, comm=comm, timeout=timeout)
+        self._pending = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._where]
+        _instances.add(self)
+        _install_optimizer_hook()
+
+    def _make(self, array):
+        """The gradient buffer and buckets of the next parameter group (called in group order)."""
+        g = len(self.grads)
+        flat, members = self.flat.groups[g], self.flat.params[g]
+        grad = torch.zeros_like(flat)
+        view = buffers.as_buffer(grad, name="gradients")
+        self.grads.append(grad)
+        self.grad_views.append(view)
+        offsets, at = [], 0
+        for p in members:
+            offsets.append(at)
+            at += p.numel()
+        hi, size, group = at, 0, []
+        itemsize = flat.element_size()
+        for p, lo in reversed(list(zip(members, offsets))):
+            group.append((p, lo))
+            size += p.numel() * itemsize
+            if size >= self.bucket_bytes or lo == 0:
+                averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout)
+                bucket = _Bucket(averager, [q for q, _ in group])
+                self.buckets.append(bucket)
+                for q, start in group:
+                    self._where[q] = (bucket, grad[start:start + q.numel()].view_as(q))
+                hi, size, group = lo, 0, []
+        return None
+
+    # -- during backward -------------------------------------------------------------
+    def _on_grad(self, p):
+        bucket, view = self._where[p]
+        if bucket.started:
+            raise RuntimeError("GradientAllReduce: a second backward() before optimizer.step(): gradient "
+                               "accumulation over several passes is not supported")
+        if p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad)
+        bucket.ready.add(p)
+        self._pending = True
+        if len(bucket.ready) == len(bucket.params):
+            self._start(bucket)
+        for other in self.buckets:  # MPI progresses only inside MPI calls: drive the ones in flight
+            if other.started:
+                other.averager.test()
+
+    def _start(self, bucket):
+        for view in self.grad_views:  # the copies above ran on torch's stream
+            view.synchronize()
+        bucket.averager.start()
+        bucket.started = True
+
+    def synchronize(self):
+        """Complete the averaging of this step's gradients (called by the optimizer pre-hook;
+        call it yourself before reading gradients). No-op when no backward ran since."""
+        if not self._pending:
+            return
+        for bucket in self.buckets:
+            if not bucket.started:  # parameters without a gradient this pass contribute zeros
+                for p in bucket.params:
+                    if p not in bucket.ready:
+                        view = self._where[p][1]
+                        if p.grad is None:
+                            view.zero_()
+                        else:
+                            view.copy_(p.grad)
+                self._start(bucket)
+        for bucket in self.buckets:
+            bucket.averager.wait()
+            bucket.ready.clear()
+            bucket.started = False
+        for view in self.grad_views:
+            view.release()
+        for p, (_, view) in self._where.items():
+            p.grad = view  # the averaged gradient, no copy; the next backward accumulates into it
+        self._pending = False
+
+    def _owns(self, optimizer):
+        return any(p in self._where for group in optimizer.param_groups for p in group["params"])
+
+    # -- after optimizer.step() -----------------------------------------------------------
+    def _step(self):
+        self.synchronize()  # in case no optimizer step ran (it is a no-op otherwise)
+        for c in self.buffer_comms:
+            c.average()
+
+    def drain(self):
+        self.synchronize()
+
+    def free(self):
+        self.drain()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        _instances.discard(self)
+        for bucket in self.buckets:
+            bucket.averager.free()
+        self.buckets, self.comms = [], []
+        super().free()
+
+
+_instances = weakref.WeakSet()
+_optimizer_hook = []
+
+
+def _before_optimizer_step(optimizer, args, kwargs):
+    for wrapper in list(_instances):
+        if wrapper._pending and wrapper._owns(optimizer):
+            wrapper.synchronize()
+
+
+def _install_optimizer_hook():
+    if not _optimizer_hook:
+        _optimizer_hook.append(register_optimizer_step_pre_hook(_before_optimizer_step))
