@@ -17,9 +17,11 @@ def mg(n, *args, env=None, timeout=300):
     return proc
 
 
-def metrics(folder, rank=0):
+def metrics(folder, rank=0, initial=False):
+    """The per-step records (and, with ``initial``, the evaluation before training first)."""
     with open(os.path.join(folder, f"metrics-rank{rank}.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        records = [json.loads(line) for line in f]
+    return records if initial else [r for r in records if r["step"] >= 0]
 
 
 def summary(folder):
@@ -49,6 +51,9 @@ def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
         assert late < 0.5 * early, (algo, early, late)
         assert {"compute_s", "comm_s", "wait_s", "time_s"} <= m[0].keys()
         assert any("test_accuracy" in r and "consensus_distance" in r for r in m)
+        first = metrics(out / algo, rank=0, initial=True)[0]
+        assert first["steps_done"] == 0 and first["test_accuracy"] < 0.5  # the curves start before training
+        assert m[-1]["steps_done"] == 300 and "test_accuracy" in m[-1]
         assert f"{algo}: 4 ranks" in proc.stdout
     assert abs(summary(out / "sgp")["final_accuracy"] - summary(out / "allreduce")["final_accuracy"]) <= 0.01
     for algo in ("allreduce", "allreduce-params"):

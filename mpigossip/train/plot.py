@@ -44,16 +44,17 @@ def main(args):
     os.makedirs(out, exist_ok=True)
     loaded = [load_run(r) for r in runs]
     figures = {
-        "loss.png": [("step", "test_loss", "steps"), ("time_s", "test_loss", "wall time (s)")],
-        "accuracy.png": [("step", "test_accuracy", "steps"), ("time_s", "test_accuracy", "wall time (s)")],
-        "consensus.png": [("step", "consensus_distance", "steps")],
+        "loss.png": [("steps_done", "test_loss", "steps"), ("time_s", "test_loss", "wall time (s)")],
+        "accuracy.png": [("steps_done", "test_accuracy", "steps"), ("time_s", "test_accuracy", "wall time (s)")],
+        "consensus.png": [("steps_done", "consensus_distance", "steps")],
     }
     written = []
     for name, panels in figures.items():
         fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
         for ax, (xkey, ykey, xlabel) in zip(axes[0], panels):
             for label, records in loaded:
-                pts = [(r[xkey], r[ykey]) for r in records if ykey in r]
+                # evaluations: from the model before training (0 steps) to the last step
+                pts = [(r.get(xkey, r["step"] + 1), r[ykey]) for r in records if ykey in r]
                 if pts:
                     ax.plot(*zip(*pts), marker="o", markersize=3, label=label)
             ax.set_xlabel(xlabel)

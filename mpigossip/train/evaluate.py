@@ -1,0 +1,61 @@
+"""Evaluation of the training job (collective): the consensus model, the rank models, the
+consensus distance."""
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+
+from .. import deadline
+from .. import torch as mgt
+
+
+def reduce(comm, values, timeout, op=MPI.SUM):
+    """Sum (or ``op``) a number or a list of numbers over ranks, under the job's deadline."""
+    out = deadline.allreduce(comm, np.asarray(values, dtype=np.float64), timeout=timeout,
+                             op="train (reduce metrics)", reduce=op)
+    return out if np.ndim(out) == 0 else out.tolist()
+
+
+def accuracy(model, x, y, batch=1024):
+    """(correct predictions, summed cross-entropy) of ``model`` on ``x, y``."""
+    model.eval()
+    with torch.no_grad():
+        correct, loss = 0, 0.0
+        for lo in range(0, len(x), batch):
+            logits = model(x[lo:lo + batch])
+            loss += float(F.cross_entropy(logits, y[lo:lo + batch], reduction="sum"))
+            correct += int((logits.argmax(1) == y[lo:lo + batch]).sum())
+    model.train()
+    return correct, loss
+
+
+class Evaluator:
+    """Evaluates the consensus model (exact mean over ranks of the parameters and of the
+    BatchNorm statistics, in a model of its own) and each rank's model on the test split."""
+
+    def __init__(self, eval_model, x_test, y_test, *, comm, timeout):
+        self.model, self.x, self.y, self.comm, self.timeout = eval_model, x_test, y_test, comm, timeout
+        self.flat = mgt.FlatParameters(eval_model)
+        self.buffers = mgt.FlatParameters.of_buffers(eval_model)
+
+    def __call__(self, model, algo):
+        comm, size, rank = self.comm, self.comm.Get_size(), self.comm.Get_rank()
+        consensus = algo.consensus_parameters()
+        self.model.load_state_dict(model.state_dict())
+        distance = 0.0
+        for group, mean, own in zip(self.flat.groups, consensus, algo.model_buffers()):
+            group.copy_(torch.from_numpy(mean).to(group.dtype))
+            distance += float(((own.detach().double().cpu().numpy() - mean) ** 2).sum())
+        for group, mean in zip(self.buffers.groups, algo.consensus_buffers()):
+            group.copy_(torch.from_numpy(mean).to(group.dtype))
+        distance = math.sqrt(reduce(comm, distance, self.timeout) / size)
+        n = len(self.x)
+        lo, hi = rank * n // size, (rank + 1) * n // size  # the consensus model: split the test set
+        c_correct, c_loss = reduce(comm, list(accuracy(self.model, self.x[lo:hi], self.y[lo:hi])), self.timeout)
+        r_correct, _ = accuracy(model, self.x, self.y)  # this rank's own model
+        rank_accs = deadline.allgather(comm, r_correct / n, timeout=self.timeout, op="train (evaluate)")
+        return {"test_loss": c_loss / n, "test_accuracy": c_correct / n, "consensus_distance": distance,
+                "rank_accuracy_mean": float(np.mean(rank_accs)), "rank_accuracy_min": float(np.min(rank_accs))}
