@@ -13,10 +13,10 @@ from .allreduce import AllReduce
 class _Bucket:
     """A contiguous range of one group's gradient buffer, averaged by one ``Iallreduce``."""
 
-    __slots__ = ("averager", "params", "ready", "started")
+    __slots__ = ("averager", "params", "last", "ready", "started")
 
-    def __init__(self, averager, params):
-        self.averager, self.params = averager, params
+    def __init__(self, averager, params, last):
+        self.averager, self.params, self.last = averager, params, last
         self.ready, self.started = set(), False
 
 
@@ -26,7 +26,8 @@ class GradientAllReduce(AllReduce):
     Each parameter's gradient is copied, as soon as autograd has accumulated it, into a flat
     gradient buffer split into buckets of about ``bucket_mb`` MB, last layers first (their
     gradients are ready first); a full bucket starts its nonblocking ``Iallreduce`` at once,
-    while the backward pass goes on with earlier layers. Before ``optimizer.step()`` runs (a
+    while the backward pass goes on with earlier layers (the bucket of the first layers,
+    complete only when backward ends, is averaged by the blocking chunked ``Allreduce``). Before ``optimizer.step()`` runs (a
     step pre-hook on any optimizer holding these parameters) the buckets are completed and
     every ``param.grad`` becomes a view of the averaged buffer, so the optimizer, whatever
     it is (Adam included), sees the mean gradient, as in single-process training on the
@@ -77,7 +78,7 @@ class GradientAllReduce(AllReduce):
             size += p.numel() * itemsize
             if size >= self.bucket_bytes or lo == 0:
                 averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout)
-                bucket = _Bucket(averager, [q for q, _ in group])
+                bucket = _Bucket(averager, [q for q, _ in group], last=lo == 0)
                 self.buckets.append(bucket)
                 for q, start in group:
                     self._where[q] = (bucket, grad[start:start + q.numel()].view_as(q))
@@ -94,7 +95,7 @@ class GradientAllReduce(AllReduce):
             view.copy_(p.grad)
         bucket.ready.add(p)
         self._pending = True
-        if len(bucket.ready) == len(bucket.params):
+        if len(bucket.ready) == len(bucket.params) and not bucket.last:
             self._start(bucket)
         for other in self.buckets:  # MPI progresses only inside MPI calls: drive the ones in flight
             if other.started:
@@ -112,17 +113,25 @@ class GradientAllReduce(AllReduce):
         if not self._pending:
             return
         for bucket in self.buckets:
-            if not bucket.started:  # parameters without a gradient this pass contribute zeros
-                for p in bucket.params:
-                    if p not in bucket.ready:
-                        view = self._where[p][1]
-                        if p.grad is None:
-                            view.zero_()
-                        else:
-                            view.copy_(p.grad)
-                self._start(bucket)
+            for p in bucket.params:  # parameters without a gradient this pass contribute zeros
+                if p not in bucket.ready:
+                    view = self._where[p][1]
+                    if p.grad is None:
+                        view.zero_()
+                    else:
+                        view.copy_(p.grad)
+        for view in self.grad_views:
+            view.synchronize()
         for bucket in self.buckets:
-            bucket.averager.wait()
+            # Every rank treats a bucket the same way (a blocking and a nonblocking collective do
+            # not match): the one holding a group's first layers completes last, with nothing
+            # left to overlap, and goes by the blocking chunked average(), faster than Iallreduce.
+            if bucket.last:
+                bucket.averager.average()
+            else:
+                if not bucket.started:
+                    bucket.averager.start()
+                bucket.averager.wait()
             bucket.ready.clear()
             bucket.started = False
         for view in self.grad_views:
