@@ -166,8 +166,9 @@ class PushSum(Communicator):
         wsend = np.array([self.weight], dtype=np.float64)
         weights = [self.comm.Irecv(wrecv[j:j + 1], source=src, tag=wtag) for j, src in enumerate(ins)]
         weights += [self.comm.Isend(wsend, dest=dst, tag=wtag) for dst in outs]
-        self.buffer.synchronize()  # x written, and no device work still reads the receive slots
-        self._acquire()
+        self.buffer.synchronize()  # x written (the user's work and ours), no device work reads the slots
+        if self._zbuf is not None:
+            self._zbuf.acquire()  # the fused de-bias writes z
         self._x.before_send()
         n, chunk, nslots = self.buffer.size, self._chunk, self._slots
         bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]

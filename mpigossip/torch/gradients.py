@@ -11,12 +11,12 @@ from .allreduce import AllReduce
 
 
 class _Bucket:
-    """A contiguous range of one group's gradient buffer, averaged by one ``Iallreduce``."""
+    """A contiguous range of one group's gradient buffer (``view``), averaged by one ``Iallreduce``."""
 
-    __slots__ = ("averager", "params", "last", "ready", "started")
+    __slots__ = ("averager", "view", "params", "last", "ready", "started")
 
-    def __init__(self, averager, params, last):
-        self.averager, self.params, self.last = averager, params, last
+    def __init__(self, averager, view, params, last):
+        self.averager, self.view, self.params, self.last = averager, view, params, last
         self.ready, self.started = set(), False
 
 
@@ -27,9 +27,9 @@ class GradientAllReduce(AllReduce):
     gradient buffer split into buckets of about ``bucket_mb`` MB, last layers first (their
     gradients are ready first); a full bucket starts its nonblocking ``Iallreduce`` at once,
     while the backward pass goes on with earlier layers (the bucket of the first layers,
-    complete only when backward ends, is averaged by the blocking chunked ``Allreduce``). Before ``optimizer.step()`` runs (a
-    step pre-hook on any optimizer holding these parameters) the buckets are completed and
-    every ``param.grad`` becomes a view of the averaged buffer, so the optimizer, whatever
+    complete only when backward ends, is averaged by the blocking chunked ``Allreduce``).
+    Before ``optimizer.step()`` runs (a step pre-hook on any optimizer holding these
+    parameters) the buckets are completed and every ``param.grad`` becomes a view of the averaged buffer, so the optimizer, whatever
     it is (Adam included), sees the mean gradient, as in single-process training on the
     union of the batches. ``step()`` after ``optimizer.step()`` then only averages the
     floating-point buffers (BatchNorm statistics), as :class:`AllReduce` does.
@@ -52,7 +52,7 @@ class GradientAllReduce(AllReduce):
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
-        self.grads, self.grad_views, self.buckets, self._where = [], [], [], {}
+        self.grad_views, self.buckets, self._where = [], [], {}
         super().__init__(model, comm=comm, timeout=timeout)
         self._pending = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._where]
@@ -61,11 +61,10 @@ class GradientAllReduce(AllReduce):
 
     def _make(self, array):
         """The gradient buffer and buckets of the next parameter group (called in group order)."""
-        g = len(self.grads)
+        g = len(self.grad_views)
         flat, members = self.flat.groups[g], self.flat.params[g]
         grad = torch.zeros_like(flat)
         view = buffers.as_buffer(grad, name="gradients")
-        self.grads.append(grad)
         self.grad_views.append(view)
         offsets, at = [], 0
         for p in members:
@@ -78,7 +77,7 @@ class GradientAllReduce(AllReduce):
             size += p.numel() * itemsize
             if size >= self.bucket_bytes or lo == 0:
                 averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout)
-                bucket = _Bucket(averager, [q for q, _ in group], last=lo == 0)
+                bucket = _Bucket(averager, view, [q for q, _ in group], last=lo == 0)
                 self.buckets.append(bucket)
                 for q, start in group:
                     self._where[q] = (bucket, grad[start:start + q.numel()].view_as(q))
@@ -102,8 +101,7 @@ class GradientAllReduce(AllReduce):
                 other.averager.test()
 
     def _start(self, bucket):
-        for view in self.grad_views:  # the copies above ran on torch's stream
-            view.synchronize()
+        bucket.view.synchronize()  # the copies into it ran on torch's stream
         bucket.averager.start()
         bucket.started = True
 
