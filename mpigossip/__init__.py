@@ -6,7 +6,11 @@ Communicators work on one flat contiguous buffer (numpy, cupy or torch):
 * :class:`PushSum` - Stochastic Gradient Push, synchronous or overlapping (OSGP);
 * :class:`Gossip` - gossiping SGD, pull (one-sided RMA) or push;
 * :class:`ParameterServer` with :class:`ElasticAveraging` (EASGD) and :class:`AsyncSGD`
-  workers - an asynchronous parameter server in passive-target RMA windows.
+  workers - an asynchronous parameter server in passive-target RMA windows;
+* :class:`DPSGD` - D-PSGD's synchronous neighbour averaging (doubly stochastic);
+* :class:`ADPSGD` - AD-PSGD's asynchronous atomic pairwise averaging in RMA windows;
+* :class:`NodeMean` and :class:`Hierarchical` - the exact mean in a node's shared memory,
+  then any of the above between nodes.
 
 Importing the package does not initialise MPI: the communicators (and ``mpi4py.MPI``)
 are loaded on first use, so the launcher and the MPI-free commands never start MPI.
@@ -19,10 +23,11 @@ __version__ = "0.1.0"
 from . import kernels, topology  # noqa: E402  (neither imports MPI)
 
 _LAZY = {"AllreduceAverager": "allreduce", "AsyncSGD": "elastic", "ElasticAveraging": "elastic",
-         "Gossip": "gossip", "ParameterServer": "server", "PushSum": "pushsum", "buffers": None}
+         "Gossip": "gossip", "ParameterServer": "server", "PushSum": "pushsum", "DPSGD": "dpsgd",
+         "ADPSGD": "adpsgd", "NodeMean": "node", "Hierarchical": "hierarchical", "buffers": None}
 
-__all__ = ["AllreduceAverager", "AsyncSGD", "ElasticAveraging", "Gossip", "ParameterServer",
-           "PushSum", "buffers", "kernels", "topology", "__version__"]
+__all__ = ["ADPSGD", "AllreduceAverager", "AsyncSGD", "DPSGD", "ElasticAveraging", "Gossip", "Hierarchical",
+           "NodeMean", "ParameterServer", "PushSum", "buffers", "kernels", "topology", "__version__"]
 
 
 def __getattr__(name):

@@ -1,9 +1,11 @@
 """PushSum (Stochastic Gradient Push): approximate averaging along a time-varying directed graph.
 
 Each rank holds a numerator ``x`` (the user's buffer, updated in place) and a weight
-``w``. At step k it keeps the share ``p = 1/(d_out+1)`` of ``(x, w)`` and sends the same
-share to each out-peer of the topology at k, then adds what it received. Σx and Σw over
-ranks (plus what is in flight) are conserved; ``z = x / w`` converges to the average.
+``w``. At step k it keeps the share of ``(x, w)`` that its column of the topology's mixing
+matrix gives itself (``1/(d_out+1)`` for the uniform graphs) and sends each out-peer that
+peer's share, then adds what it received. Any column-stochastic matrix works (checked
+at each new step, the same error on every rank); Σx and Σw over ranks (plus what is in
+flight) are conserved; ``z = x / w`` converges to the average.
 
 Two modes:
 
@@ -25,6 +27,7 @@ import numpy as np
 from . import buffers, kernels
 from . import topology as topo_mod
 from ._base import Communicator, check_chunk_bytes
+from ._pipeline import Pipeline
 
 _TAG_STEPS = 1 << 14  # steps before tags repeat; far more than can ever be in flight
 
@@ -33,13 +36,20 @@ def _tag(step, weight=False):
     return 2 * (step % _TAG_STEPS) + (1 if weight else 0)
 
 
+def _uniform(own, peers):
+    """Whether a column gives its out-peers the same share it keeps (then overlap mode
+    scales once, at the sender)."""
+    return all(v == own for v in peers.values())
+
+
 class _Message:
     """One expected receive of overlap mode: (x share, w share) from ``src`` sent at ``step``."""
 
-    __slots__ = ("step", "src", "slot", "wbuf", "requests")
+    __slots__ = ("step", "src", "slot", "wbuf", "requests", "factor")
 
-    def __init__(self, step, src, slot, wbuf, requests):
+    def __init__(self, step, src, slot, wbuf, requests, factor):
         self.step, self.src, self.slot, self.wbuf, self.requests = step, src, slot, wbuf, requests
+        self.factor = factor  # scales (x, w) as received: 1 if the sender scaled them already
 
 
 class PushSum(Communicator):
@@ -99,11 +109,8 @@ class PushSum(Communicator):
         self.step_count = 0
         self._cuda_aware, self._stage = cuda_aware, stage
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
-        n = self.buffer.size
-        # step(): elements per chunk and slots per in-peer; a staged buffer goes whole.
-        self._chunk = n if self._x.staged else min(n, max(1, chunk_bytes // self.buffer.dtype.itemsize))
-        self._slots = 1 if self._x.staged else min(slots, -(-n // self._chunk))
-        self._pipe = []        # step(): one receive Transport of slots * chunk elements per in-peer
+        self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
+                                  cuda_aware=cuda_aware)
         self._recv = []        # overlap: full-size receive Transports (scratch), grown on demand
         self._recv_free = []   # indices of free receive slots (overlap mode)
         self._send = []        # overlap: send Transports
@@ -120,20 +127,10 @@ class PushSum(Communicator):
         return buffers.Transport(buffers.scratch(self.buffer), stage=self._stage,
                                  cuda_aware=self._cuda_aware)
 
-    def _pipe_slot(self, index):
-        while len(self._pipe) <= index:
-            size = self._chunk * self._slots
-            self._pipe.append(buffers.Transport(buffers.scratch(self.buffer, size), stage=self._stage,
-                                                cuda_aware=self._cuda_aware))
-        return self._pipe[index]
-
     def _recv_slot(self, index):
         while len(self._recv) <= index:
             self._recv.append(self._new_transport())
         return self._recv[index]
-
-    def _share(self, rank, step):
-        return 1.0 / (len(self.topology.out_peers(rank, step)) + 1)
 
     @property
     def started(self):
@@ -147,70 +144,42 @@ class PushSum(Communicator):
 
     # ------------------------------------------------------------------ synchronous
     def step(self):
-        """One synchronous PushSum round along this step's out-peers.
-
-        ``x`` goes out in chunks (zero-copy); chunk ``i`` of every in-peer is received into
-        slot ``i % slots``, then combined into ``x`` once the sends of our own chunk ``i``
-        have completed (the out-peers have read it), and the slot is reposted for chunk
-        ``i + slots``. Every wait has the deadline and names the peers it waits for.
+        """One synchronous PushSum round along this step's out-peers (see
+        :mod:`mpigossip._pipeline`: chunked, zero-copy sends, each chunk combined as it
+        arrives). Every wait has the deadline and names the peers it waits for.
         """
         self._check_open()
         if self.in_flight:
             raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
         k = self.step_count
         op = f"step (step {k})"
-        outs = self.topology.out_peers(self.rank, k)
-        ins = self.topology.in_peers(self.rank, k)
-        tag, wtag = _tag(k), _tag(k, True)
+        self_weight, outs, ins, shares = self._mixing(k)
+        wtag = _tag(k, True)
         wrecv = np.zeros(len(ins), dtype=np.float64)
         wsend = np.array([self.weight], dtype=np.float64)
         weights = [self.comm.Irecv(wrecv[j:j + 1], source=src, tag=wtag) for j, src in enumerate(ins)]
         weights += [self.comm.Isend(wsend, dest=dst, tag=wtag) for dst in outs]
-        self.buffer.synchronize()  # x written (the user's work and ours), no device work reads the slots
         if self._zbuf is not None:
             self._zbuf.acquire()  # the fused de-bias writes z
-        self._x.before_send()
-        n, chunk, nslots = self.buffer.size, self._chunk, self._slots
-        bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
-        # Same (source, tag) for every chunk: MPI matches them in order (non-overtaking).
-        sends = [[self.comm.Isend(self._x.part(lo, hi), dest=dst, tag=tag) for dst in outs]
-                 for lo, hi in bounds]
-        slots = [self._pipe_slot(j) for j in range(len(ins))]
-        recvs = {}
 
-        def post(i):
-            lo, hi = bounds[i]
-            at = (i % nslots) * chunk
-            recvs[i] = [self.comm.Irecv(slot.part(at, at + hi - lo), source=src, tag=tag)
-                        for slot, src in zip(slots, ins)]
+        def new_weight(named):
+            self._wait(weights, op, peer=named)  # same order as the pipeline's: ins, then outs
+            self.weight = self_weight * self.weight + sum(s * float(wj) for s, wj in zip(shares, wrecv))
+            return self.weight
 
-        for i in range(nslots):
-            post(i)
-        peers = ins + outs  # the order of the requests in every wait below
-
-        def named(pending):
-            return sorted({peers[i] for i in pending})
-
-        self._wait(weights, op, peer=named)
-        shares = [self._share(src, k) for src in ins]
-        p = 1.0 / (len(outs) + 1)
-        self.weight = p * self.weight + sum(s * float(wj) for s, wj in zip(shares, wrecv))
-        x = self.buffer.array
-        z = None if self._zbuf is None else self._zbuf.array
-        for i, (lo, hi) in enumerate(bounds):
-            self._wait(recvs.pop(i) + sends[i], op, peer=named)
-            at = (i % nslots) * chunk
-            parts = []
-            for slot in slots:
-                slot.after_recv()
-                parts.append(slot.buffer.array[at:at + hi - lo])
-            kernels.weighted_sum(x[lo:hi], x[lo:hi], p, parts, shares,
-                                 z=None if z is None else z[lo:hi], w=self.weight)
-            if i + nslots < len(bounds):
-                self.buffer.synchronize()  # the combine has read the slot before MPI rewrites it
-                post(i + nslots)
+        self._pipeline.run(outs, ins, _tag(k), op, self_weight=self_weight, weights=shares,
+                           before_combine=new_weight, z=None if self._zbuf is None else self._zbuf.array)
         self._release()
         self.step_count += 1
+
+    def _mixing(self, k):
+        """``(self_weight, outs, ins, shares)`` at step k: ``shares[j]`` is the weight the
+        topology gives the edge ``ins[j] -> self`` (its column)."""
+        self.topology.check_step(k)
+        self_weight, out_weights = self.topology.mixing_weights(self.rank, k)
+        ins = self.topology.in_peers(self.rank, k)
+        shares = [self.topology.mixing_weights(src, k)[1][self.rank] for src in ins]
+        return self_weight, sorted(out_weights), ins, shares
 
     def _acquire(self):
         """Order the device work queued here after the user's pending work on x (and z)."""
@@ -236,17 +205,19 @@ class PushSum(Communicator):
         if self._started:
             raise RuntimeError("PushSum.start(): call finish() before the next start()")
         k = self.step_count
-        outs = self.topology.out_peers(self.rank, k)
+        self.topology.check_step(k)
+        p, out_weights = self.topology.mixing_weights(self.rank, k)
+        outs = sorted(out_weights)
         ins = self.topology.in_peers(self.rank, k)
         # Receives first, so early senders find them posted.
         for src in ins:
+            factor = self._receive_factor(src, k)
             index = self._recv_free.pop() if self._recv_free else len(self._recv)
             slot = self._recv_slot(index)
             wbuf = np.zeros(1, dtype=np.float64)
             reqs = [self.comm.Irecv(slot.spec, source=src, tag=_tag(k)),
                     self.comm.Irecv(wbuf, source=src, tag=_tag(k, True))]
-            self._pending.append(_Message(k, src, index, wbuf, reqs))
-        p = 1.0 / (len(outs) + 1)
+            self._pending.append(_Message(k, src, index, wbuf, reqs, factor))
         if outs:
             self._progress_sends()
             while len(self._sends) > self.max_delay + 1:  # bound memory: wait for the oldest send
@@ -258,9 +229,15 @@ class PushSum(Communicator):
                 self._send.append(self._new_transport())
             send = self._send[index]
             self.buffer.acquire()
-            kernels.split_share(self.buffer.array, send.buffer.array, p)
-            self.weight *= p
-            wbuf = np.array([self.weight], dtype=np.float64)
+            if _uniform(p, out_weights):   # x = p x, send = p x: every out-peer takes it as is
+                kernels.split_share(self.buffer.array, send.buffer.array, p)
+                self.weight *= p
+                wbuf = np.array([self.weight], dtype=np.float64)
+            else:                          # send = x; each out-peer scales by its own weight
+                kernels.split_share(self.buffer.array, send.buffer.array, 1.0)
+                kernels.scale(self.buffer.array, p)
+                wbuf = np.array([self.weight], dtype=np.float64)
+                self.weight *= p
             send.before_send()
             reqs = []
             for dst in outs:
@@ -269,6 +246,11 @@ class PushSum(Communicator):
             self._sends.append((index, reqs, wbuf, outs))
             self._release()
         self._started = True
+
+    def _receive_factor(self, src, k):
+        """How the receiver scales what ``src`` sent at step k (overlap mode)."""
+        own, peers = self.topology.mixing_weights(src, k)
+        return 1.0 if _uniform(own, peers) else peers[self.rank]
 
     def _progress_sends(self):
         still = []
@@ -311,9 +293,9 @@ class PushSum(Communicator):
             slot = self._recv[msg.slot]
             slot.after_recv()
             recvs.append(slot.buffer.array)
-            self.weight += float(msg.wbuf[0])
+            self.weight += msg.factor * float(msg.wbuf[0])
         self._acquire()
-        self._combine(1.0, recvs, [1.0] * len(recvs))
+        self._combine(1.0, recvs, [msg.factor for msg in msgs])
         self._release()
         self._recv_free.extend(msg.slot for msg in msgs)
 

@@ -48,15 +48,20 @@ def summary(folder):
         return json.load(f)
 
 
-@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
-def test_train_job(slurm, launcher):
+@pytest.mark.parametrize("launcher, algorithm", [("srun", "sgp"), ("mpirun", "dpsgd")])
+def test_train_job(slurm, launcher, algorithm):
+    """The mpirun run is D-PSGD with HIERARCHICAL=1: the node's 4 ranks average in shared memory."""
     env, tmp = slurm
     out, log = tmp / f"train-{launcher}", tmp / f"train-{launcher}.log"
-    proc = sbatch(env, "train.sbatch", "-o", str(log),
-                  extra={"STEPS": "60", "OUT": str(out), "LAUNCHER": launcher, "CKPT_EVERY": "20"})
+    extra = {"STEPS": "60", "OUT": str(out), "LAUNCHER": launcher, "CKPT_EVERY": "20", "ALGORITHM": algorithm}
+    if algorithm == "dpsgd":
+        extra["HIERARCHICAL"] = "1"
+    proc = sbatch(env, "train.sbatch", "-o", str(log), extra=extra)
     assert proc.returncode == 0, proc.stderr + log.read_text()
     s = summary(out)
-    assert s["world_size"] == 4 and s["steps"] == 60 and s["algorithm"] == "sgp"
+    assert s["world_size"] == 4 and s["steps"] == 60 and s["algorithm"] == algorithm
+    with open(out / "config.json") as f:
+        assert json.load(f)["hierarchical"] == (algorithm == "dpsgd")
     assert "train.sbatch: done" in log.read_text()
     assert os.path.isfile(out / "checkpoints" / "latest.json")
 

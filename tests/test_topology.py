@@ -20,8 +20,16 @@ def graphs(n):
         if n > peers:
             out.append(T.RandomPeers(peers=peers, seed=5))
     if n % 2 == 0:
-        out.append(T.BipartiteExponentialGraph(peers=1))
-    return [g.bind(n) for g in out]
+        out += [T.BipartiteExponentialGraph(peers=1), T.BipartiteExponentialGraph(peers=1, alternating=True)]
+    out += [T.AlternatingExponentialGraph(peers=1), T.NPeerExponentialGraph(peers=1)]
+    if n > 3:
+        out += [T.AlternatingExponentialGraph(peers=2), T.NPeerExponentialGraph(peers=2)]
+    return [g.bind(n) for g in out + undirected(n)]
+
+
+def undirected(n):
+    return [g.bind(n) for w in T.WEIGHTS for g in (T.UndirectedRing(weights=w), T.UndirectedExponentialGraph(
+        weights=w), T.TorusGraph(weights=w), T.PairedExponentialGraph(weights=w))]
 
 
 def steps_to_check(g):
@@ -144,7 +152,112 @@ def test_bad_arguments_and_unbound_use():
     with pytest.raises(ValueError, match="not bound"):
         T.ExponentialGraph().out_peers(0, 0)
     with pytest.raises(ValueError, match="unknown topology"):
-        T.make("torus")
+        T.make("hypercube")
     with pytest.raises(ValueError, match="outside"):
         T.RingGraph(size=4).out_peers(4, 0)
     assert isinstance(T.make("random", peers=2, seed=1), T.RandomPeers)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_undirected_graphs_are_symmetric_and_doubly_stochastic(n):
+    for g in undirected(n):
+        for k in steps_to_check(g):
+            P = g.mixing_matrix(k)
+            for i in range(n):
+                assert sum(P[i]) == 1, (g, k, i)
+                assert g.out_peers(i, k) == g.in_peers(i, k)
+                for j in range(n):
+                    assert P[i][j] == P[j][i], (g, k, i, j)
+            g.check_step(k, doubly=True)
+
+
+def test_lazy_weights_are_dyadic_on_ring_torus_and_matching():
+    for g in (T.UndirectedRing(weights="lazy").bind(8), T.TorusGraph(weights="lazy").bind(16),
+              T.PairedExponentialGraph().bind(8)):
+        for row in g.mixing_matrix(0):
+            for v in row:
+                assert v.denominator & (v.denominator - 1) == 0, (g, v)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32])
+def test_paired_exponential_is_exact_average_after_log2_steps(n):
+    g = T.PairedExponentialGraph().bind(n)
+    M = np.eye(n)
+    for k in range(n.bit_length() - 1):
+        M = np.array(g.mixing_matrix(k), dtype=np.float64) @ M
+    assert np.array_equal(M, np.full((n, n), 1.0 / n))
+
+
+def test_the_sgp_papers_graphs_match_the_reference_schedule():
+    # Alternating sign: +1, -1, +2, -2, +4 (-4 = +4 mod 8), one offset per step.
+    g = T.AlternatingExponentialGraph().bind(8)
+    assert g.offsets() == [1, -1, 2, -2, 4] and g.period == 5
+    assert [g.out_peers(3, k) for k in range(6)] == [[4], [2], [5], [1], [7], [4]]
+    assert g.in_peers(3, 1) == [4]
+    # N-peer with 2 peers: offsets t * 3^j (t = 1, 2; 3^j <= n - 1), two per step.
+    n2 = T.NPeerExponentialGraph(peers=2).bind(9)
+    assert n2.offsets() == [1, 2, 3, 6] and n2.hops(0) == [1, 2] and n2.hops(1) == [3, 6]
+    assert T.NPeerExponentialGraph(peers=1).bind(16).offsets() == T.ExponentialGraph().bind(16).offsets()
+    b = T.BipartiteExponentialGraph(alternating=True).bind(16)
+    assert b.offsets() == [1, -1, 3, -3, 5, -5, 9, -9]
+    for k in range(b.period):
+        for r in range(16):
+            assert all((r + p) % 2 == 1 for p in b.out_peers(r, k))
+
+
+def test_callable_and_matrix_graphs():
+    # Rank r keeps 1/2 and sends 1/4 to r+1 and r+2: non-uniform, column-stochastic, dyadic.
+    def fn(rank, step):
+        return [(rank, 0.5), ((rank + 1) % 4, 0.25), ((rank + 2 + step) % 4, 0.25)]
+    g = T.CallableGraph(fn, period=2).bind(4)
+    assert g.mixing_weights(0, 0) == (0.5, {1: 0.25, 2: 0.25})
+    assert g.in_peers(0, 1) == [1, 3] and g.out_peers(0, 1) == [1, 3]
+    g.check_step(0)
+    P = np.array([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]])
+    Q = np.array([[0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5], [0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5]])
+    m = T.MatrixGraph([P, Q]).bind(4)
+    assert m.period == 2 and m.out_peers(0, 0) == [1] and m.out_peers(0, 1) == [2]
+    M = np.array(m.mixing_matrix(1), dtype=np.float64) @ np.array(m.mixing_matrix(0), dtype=np.float64)
+    assert np.array_equal(M, np.full((4, 4), 0.25))
+    m.check_step(0, doubly=True)
+    f = T.MatrixGraph(lambda step: P).bind(4)
+    assert f.period == 0 and f.mixing_weights(3, 7) == (0.5, {2: 0.5})
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: T.CallableGraph(lambda r, k: [(r, 0.5), ((r + 1) % 4, 0.25)]), "column 0 of the mixing matrix sums to 0.75"),
+    (lambda: T.CallableGraph(lambda r, k: [(r, 0.5), (4, 0.5)]), "column 0 names peer 4, outside"),
+    (lambda: T.CallableGraph(lambda r, k: [(r, 0.5), ((r + 1) % 4, -0.5), ((r + 2) % 4, 1.0)]), "weights must be"),
+    (lambda: T.CallableGraph(lambda r, k: [((r + 1) % 4, 0.5), ((r + 1) % 4, 0.5)]), "lists peer 1 twice"),
+    (lambda: T.CallableGraph(lambda r, k: 3), "must return"),
+    (lambda: T.CallableGraph(5), "must be callable"),
+    (lambda: T.MatrixGraph([np.eye(3)]), r"expected \(4, 4\)"),
+    (lambda: T.MatrixGraph([[[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0.5]]]), "column 3"),
+    (lambda: T.TorusGraph(rows=3), "does not divide"),
+    (lambda: T.UndirectedRing(weights="uniform"), "weights must be one of"),
+])
+def test_bad_mixing_is_a_clear_error(make, match):
+    with pytest.raises(ValueError, match=match):
+        make().bind(4)
+
+
+def test_column_but_not_row_stochastic_fails_the_doubly_check_naming_the_row():
+    # Everyone sends half to rank 0: columns sum to 1, row 0 gets 2.
+    g = T.CallableGraph(lambda r, k: [(r, 0.5), (0, 0.5)] if r else [(0, 1.0)]).bind(4)
+    g.check_step(0)
+    with pytest.raises(ValueError, match="row 0 of the mixing matrix sums to 2.5"):
+        g.check_step(0, doubly=True)
+    T.ExponentialGraph().bind(5).check_step(0, doubly=True)  # regular: doubly stochastic, not symmetric
+    with pytest.raises(ValueError, match="row 0"):
+        g.check_step(3, doubly=True)  # aperiodic: checked again at every step
+
+
+def test_make_knows_every_name():
+    for name in T.NAMES:
+        g = T.make(name, peers=1, seed=2).bind(8)
+        assert g.out_peers(0, 0) is not None
+    for name in T.UNDIRECTED:
+        for n in range(1, 17):
+            g = T.make(name).bind(n)
+            for k in steps_to_check(g):
+                g.check_step(k, doubly=True)

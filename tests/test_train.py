@@ -39,7 +39,8 @@ def all_runs(tmp_path_factory):
 
 def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
     out, proc = all_runs
-    for algo in ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp"):
+    for algo in ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp",
+                 "dpsgd", "adpsgd"):
         s = summary(out / algo)
         assert s["final_accuracy"] >= 0.90, (algo, s)
         assert s["world_size"] == 4 and s["steps"] == 300
@@ -71,7 +72,7 @@ def test_plot_renders_figures(all_runs, tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("algo", ["allreduce", "sgp", "gossip-push"])
+@pytest.mark.parametrize("algo", ["allreduce", "sgp", "gossip-push", "dpsgd"])
 def test_resume_continues_exactly(tmp_path, algo):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     common = ["train", "--algorithm", algo, "--steps", "40", "--quiet", "--eval-every", "20"]
@@ -106,6 +107,30 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(tmp_path):
     assert "(step 10, 2 ranks)" in proc.stdout
 
 
+def test_hierarchical_runs_reach_the_bar_and_resume_exactly(tmp_path):
+    """Two emulated nodes of two ranks: the node mean in shared memory, each algorithm
+    between the nodes. With two nodes every inter-node graph averages exactly, so all of
+    them equal AllReduce."""
+    out = tmp_path / "h"
+    proc = mg(4, "compare", "--algorithms", "sgp", "dpsgd", "allreduce-params", "gossip-push", "--hierarchical",
+              "--node-size", "2", "--lrs", "0.1", "--quiet", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["algorithm"]: r for r in json.load(open(out / "compare.json"))}
+    for algo, row in rows.items():
+        assert row["final_accuracy"] >= 0.90, (algo, row)
+    for algo in ("sgp", "dpsgd"):
+        assert rows[algo]["consensus_distance"] < 1e-9
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    common = ["train", "--algorithm", "sgp", "--hierarchical", "--node-size", "2", "--topology", "ring",
+              "--steps", "40", "--quiet", "--eval-every", "20"]
+    assert mg(4, *common, "--out", str(full), "--checkpoint-every", "20").returncode == 0
+    proc = mg(4, *common, "--out", str(resumed), "--resume", str(full))
+    assert proc.returncode == 0, proc.stderr
+    a = {r["step"]: r["loss"] for r in metrics(full, 3)}
+    b = {r["step"]: r["loss"] for r in metrics(resumed, 3)}
+    assert sorted(b) == list(range(20, 40)) and all(a[k] == b[k] for k in b)
+
+
 def test_compare_writes_a_table(tmp_path):
     proc = mg(2, "compare", "--algorithms", "allreduce", "sgp", "--lrs", "0.05", "0.1", "--steps", "60",
               "--quiet", "--out", str(tmp_path))
@@ -122,6 +147,10 @@ def test_compare_writes_a_table(tmp_path):
     (["--algorithm", "sgd"], 2, "--algorithm 'sgd'"),
     (["--servers", "9"], 2, "--servers 9 exceeds the world size 2"),
     (["--topology", "bipartite", "--peers", "5"], 2, "--topology bipartite --peers 5"),
+    (["--algorithm", "dpsgd", "--topology", "random"], 2, "dpsgd needs a doubly stochastic graph"),
+    (["--algorithm", "easgd", "--hierarchical"], 2, "--hierarchical: easgd cannot run hierarchically"),
+    (["--algorithm", "sgp", "--hierarchical", "--node-size", "3"], 2, "--node-size must be a positive divisor"),
+    (["--algorithm", "sgp", "--node-size", "2"], 2, "--node-size needs --hierarchical"),
     (["--straggler", "7:2"], 2, "--straggler '7:2'"),
     (["--dataset", "/nonexistent/data.npz"], 1, "/nonexistent/data.npz: no such file"),
     (["--lr", "1e30", "--steps", "50"], 3, "loss is"),

@@ -17,21 +17,23 @@ Wrappers work with any torch optimizer; they see only the parameters. Every wrap
 ``timeout=`` (seconds any of its waits may take, default ``$MPIGOSSIP_TIMEOUT`` or 300).
 """
 
-from .._registry import ALGORITHMS, OPTIONS
+from .._registry import ALGORITHMS, HIERARCHICAL, OPTIONS
 from .allreduce import AllReduce
 from .base import _Wrapper  # noqa: F401 - for subclasses outside the package
+from .decentralized import ADPSGD, DPSGD
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 from .gossip import GossipPull, GossipPush
 from .gradients import GradientAllReduce
 from .server import ASGD, EASGD
 from .sgp import OSGP, SGP
 
-__all__ = ["ALGORITHMS", "OPTIONS", "AllReduce", "ASGD", "EASGD", "FlatParameters", "GossipPull", "GossipPush", "GradientAllReduce",
+__all__ = ["ALGORITHMS", "HIERARCHICAL", "OPTIONS", "ADPSGD", "AllReduce", "ASGD", "DPSGD", "EASGD", "FlatParameters", "GossipPull", "GossipPush", "GradientAllReduce",
            "OSGP", "SGP", "broadcast_buffers", "broadcast_parameters", "make"]
 
 
 _CLASSES = {"allreduce": GradientAllReduce, "allreduce-params": AllReduce, "easgd": EASGD, "asgd": ASGD,
-            "gossip-pull": GossipPull, "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP}
+            "gossip-pull": GossipPull, "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP, "dpsgd": DPSGD,
+            "adpsgd": ADPSGD}
 
 
 def make(name, model, *, comm, **options):

@@ -12,20 +12,28 @@ class AllReduce(_Wrapper):
     averaging the updates (Jin et al.) equals averaging the parameters, which needs no
     snapshot of the previous parameters. Floating-point buffers (BatchNorm statistics) are
     averaged too, so that every rank holds the same model.
+
+    With ``hierarchical=True`` the parameters are averaged in each node's shared memory,
+    then across nodes by one ``Allreduce`` per local rank over its slice.
     """
 
     name = "allreduce-params"
 
-    def __init__(self, model, *, comm, timeout=None):
+    def __init__(self, model, *, comm, hierarchical=False, node_size=None, timeout=None):
+        self.hierarchical, self.node_size = bool(hierarchical), node_size
         super().__init__(model, comm=comm, timeout=timeout)
         self.buffer_comms = [AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
                              for array in self.flat_buffers.arrays]
 
     def _make(self, array):
+        if self.hierarchical:
+            return self._hierarchical(array, AllreduceAverager)
         return AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
 
     def _step(self):
-        for c in self.comms + self.buffer_comms:
+        for c in self.comms:
+            c.step() if self.hierarchical else c.average()
+        for c in self.buffer_comms:
             c.average()
 
     def free(self):

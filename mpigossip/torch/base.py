@@ -8,6 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import deadline
+from ..hierarchical import Hierarchical
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 
 
@@ -33,11 +34,28 @@ class _Wrapper(abc.ABC):
             broadcast_parameters(self.flat, comm, timeout=self.timeout)
             broadcast_buffers(model, comm, timeout=self.timeout)
         self.steps = 0
+        self._rehomed = []  # groups moved into a node's shared window (hierarchical)
         self.comms = [self._make(array) for array in self.flat.arrays]
 
     @abc.abstractmethod
     def _make(self, array):
         """The communicator (or worker) for one flat parameter group."""
+
+    def _hierarchical(self, array, inter, *, rehome=True, **options):
+        """A :class:`~mpigossip.Hierarchical` communicator for one parameter group. A host
+        group (``rehome``) moves into the node's shared window, so a step copies nothing in
+        or out; a device group is staged through it."""
+        common = dict(comm=self.comm, inter=inter, node_size=getattr(self, "node_size", None), timeout=self.timeout)
+        if not isinstance(array, np.ndarray):
+            return Hierarchical(array, **common, **options)
+        h = Hierarchical.allocate(array.size, array.dtype, **common, **options)
+        if rehome:
+            index = next(i for i, a in enumerate(self.flat.arrays) if a is array)
+            self.flat.rehome(index, h.array)
+            self._rehomed.append(index)
+        else:
+            h.array[:] = array
+        return h
 
     @abc.abstractmethod
     def _step(self):
@@ -94,6 +112,9 @@ class _Wrapper(abc.ABC):
 
     def free(self):
         self.drain()
+        for index in self._rehomed:  # the window goes: give the parameters private memory again
+            self.flat.rehome(index, self.flat.arrays[index].copy())
+        self._rehomed = []
         for c in self.comms:
             c.free()
         self.comms = []
@@ -118,13 +139,17 @@ class _Periodic(_Wrapper):
         for c in self.comms:
             c.step()
 
+    def _counted(self, c):
+        """The object holding the counters (a hierarchical wrapper's inter-node communicator)."""
+        return c
+
     def state_dict(self):
         state = super().state_dict()
-        state["counters"] = [[getattr(c, k) for k in self._counters] for c in self.comms]
+        state["counters"] = [[getattr(self._counted(c), k) for k in self._counters] for c in self.comms]
         return state
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
         for c, values in zip(self.comms, state["counters"]):
             for key, value in zip(self._counters, values):
-                setattr(c, key, int(value))
+                setattr(self._counted(c), key, int(value))

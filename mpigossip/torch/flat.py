@@ -35,6 +35,25 @@ class FlatParameters:
         self.views = [buffers.as_buffer(g, name="parameters") for g in self.groups]
         self.arrays = [b.array for b in self.views]
 
+    def rehome(self, index, array):
+        """Move group ``index`` into ``array`` (a host numpy array of its size and dtype, e.g. a
+        node's shared-memory segment): copy the values, re-point its parameters there."""
+        old = self.groups[index]
+        new = torch.from_numpy(array)
+        if new.numel() != old.numel() or new.dtype != old.dtype or old.device.type != "cpu":
+            raise ValueError(f"cannot move a {old.dtype} group of {old.numel()} on {old.device} into "
+                             f"{new.dtype} x {new.numel()} host memory")
+        with torch.no_grad():
+            new.copy_(old)
+        offset = 0
+        for p in self.params[index]:
+            n = p.numel()
+            p.data = new[offset:offset + n].view_as(p)
+            offset += n
+        self.groups[index] = new
+        self.views[index] = buffers.as_buffer(new, name="parameters")
+        self.arrays[index] = self.views[index].array
+
     @classmethod
     def of_buffers(cls, module):
         """The floating-point buffers of ``module`` (BatchNorm's running statistics), flattened

@@ -21,7 +21,20 @@ class GossipPull(_Periodic):
 
 
 class GossipPush(GossipPull):
-    """Gossiping SGD, push variant, every ``tau`` steps."""
+    """Gossiping SGD, push variant, every ``tau`` steps. With ``hierarchical=True``: the
+    exact mean inside each node (shared memory) at every step, gossip between nodes."""
 
     name = "gossip-push"
     mode = "push"
+
+    def __init__(self, model, *, comm, tau=1, seed=0, hierarchical=False, node_size=None, timeout=None):
+        self.hierarchical, self.node_size = bool(hierarchical), node_size
+        super().__init__(model, comm=comm, tau=tau, seed=seed, timeout=timeout)
+
+    def _make(self, array):
+        if not self.hierarchical:
+            return super()._make(array)
+        return self._hierarchical(array, Gossip, mode="push", seed=self.seed, tau=self.tau)
+
+    def _counted(self, c):
+        return c.inter if self.hierarchical else c

@@ -17,18 +17,29 @@ class SGP(_Wrapper):
     applies the same update to the numerator, ``x += Δ`` (so the gradient taken at ``z``
     is applied to ``x``, with any optimizer), mixes ``(x, w)`` with PushSum, and writes the
     new ``z = x / w`` back into the parameters in the same fused pass.
+
+    With ``hierarchical=True`` the numerators are averaged exactly inside each node (shared
+    memory) and PushSum runs between nodes on the topology over nodes (``node_size`` as
+    :class:`mpigossip.NodeMean`); ``z`` is then written in a separate pass.
     """
 
     name = "sgp"
     max_delay = 0
     overlap = False
 
-    def __init__(self, model, *, comm, topology=None, peers=1, timeout=None):
+    def __init__(self, model, *, comm, topology=None, peers=1, hierarchical=False, node_size=None, timeout=None):
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
+        self.hierarchical, self.node_size = bool(hierarchical), node_size
+        if self.hierarchical and self.overlap:
+            raise ValueError("hierarchical averaging is synchronous: use SGP, not OSGP")
         self.numerators = []
         super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
+        if self.hierarchical:  # the numerator lives in the node's shared window (host groups)
+            h = self._hierarchical(array.copy(), PushSum, rehome=False, topology=self.topology)
+            self.numerators.append(h.array)
+            return h
         x = array.copy()
         self.numerators.append(x)
         # Synchronous: the combine writes z in the same pass. Overlap: z is written after start().
@@ -42,8 +53,10 @@ class SGP(_Wrapper):
 
     def _step(self):
         self._apply_update()
-        for ps in self.comms:
-            ps.step()  # z written by the fused combine
+        for ps, z in zip(self.comms, self.flat.arrays):
+            ps.step()  # z written by the fused combine, except through a node's shared memory
+            if self.hierarchical:
+                kernels.debias(z, ps.buffer.array, ps.weight)
 
     @property
     def weights(self):

@@ -9,7 +9,7 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import ALGORITHMS
+from .._registry import ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL
 
 DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
             "batch_size": 32, "steps": 300}
@@ -39,9 +39,16 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--samples", type=int, default=20000, help="synthetic: number of samples")
     parser.add_argument("--features", type=int, default=64, help="synthetic: input dimension")
     parser.add_argument("--classes", type=int, default=10, help="synthetic: number of classes")
-    parser.add_argument("--topology", default="exponential", choices=topo_mod.NAMES,
-                        help="sgp/osgp graph (default: %(default)s)")
+    parser.add_argument("--topology", default=None, choices=topo_mod.NAMES,
+                        help="sgp/osgp/dpsgd graph (default: exponential for sgp/osgp, undirected-ring for "
+                        "dpsgd, which needs a doubly stochastic one: " + ", ".join(topo_mod.UNDIRECTED) + ")")
     parser.add_argument("--peers", type=int, default=1, help="sgp/osgp out-peers per step (default: 1)")
+    parser.add_argument("--hierarchical", action="store_true",
+                        help="exact mean inside each node (shared memory), the algorithm between nodes: "
+                        + ", ".join(HIERARCHICAL))
+    parser.add_argument("--node-size", type=int, default=None,
+                        help="with --hierarchical: ranks per node (default: the ranks sharing memory; a "
+                        "divisor splits a node, e.g. to try the hierarchy on one machine)")
     parser.add_argument("--momentum", type=float, default=DEFAULTS["momentum"],
                         help="SGD momentum (default: %(default)s)")
     parser.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
@@ -108,12 +115,40 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError("--checkpoint-every needs --out")
     for spec in args.straggler:
         parse_straggler(spec, size)
+    if args.hierarchical:
+        unsupported = [a for a in algorithms if a not in HIERARCHICAL]
+        if unsupported:
+            raise UsageError(f"--hierarchical: {', '.join(unsupported)} cannot run hierarchically; "
+                             f"choose from {', '.join(HIERARCHICAL)}")
+    if args.node_size is not None:
+        if not args.hierarchical:
+            raise UsageError("--node-size needs --hierarchical")
+        if args.node_size < 1 or (size is not None and size % args.node_size):
+            raise UsageError(f"--node-size must be a positive divisor of the world size, got {args.node_size}")
+    nodes = size // args.node_size if size is not None and args.node_size else None
+    for a in algorithms:
+        if a in DEFAULT_TOPOLOGY:
+            check_topology(args, a, nodes if args.hierarchical else size)
+
+
+def topology_name(args, algorithm):
+    """The ``--topology`` an algorithm uses: the flag, or that algorithm's default."""
+    return args.topology or DEFAULT_TOPOLOGY.get(algorithm, "exponential")
+
+
+def check_topology(args, algorithm, size):
+    """The graph must bind to ``size`` (the world, or the nodes when hierarchical), and be
+    doubly stochastic for D-PSGD."""
+    name = topology_name(args, algorithm)
+    if algorithm == "dpsgd" and name not in topo_mod.UNDIRECTED:
+        raise UsageError(f"--topology {name}: dpsgd needs a doubly stochastic graph: "
+                         + ", ".join(topo_mod.UNDIRECTED))
     try:
-        graph = topo_mod.make(args.topology, peers=args.peers, seed=args.seed)
+        graph = topo_mod.make(name, peers=args.peers, seed=args.seed)
         if size is not None:
             graph.bind(size)
     except ValueError as exc:
-        raise UsageError(f"--topology {args.topology} --peers {args.peers}: {exc}") from None
+        raise UsageError(f"--topology {name} --peers {args.peers}: {exc}") from None
 
 
 def parse_straggler(spec, size):

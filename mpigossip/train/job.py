@@ -25,7 +25,7 @@ from ..info import gpu_count, local_rank
 from . import checkpoint
 from . import data as data_mod
 from . import models
-from .cli import DEFAULTS, UsageError, algorithms_of, check_arguments, parse_straggler
+from .cli import DEFAULTS, UsageError, algorithms_of, check_arguments, parse_straggler, topology_name
 from .evaluate import Evaluator, reduce
 from .stop import StopAgreement
 
@@ -105,8 +105,9 @@ class Run:
         """The algorithm's torch wrapper over ``self.model`` (collective), from the flags."""
         args = self.args
         flags = {"beta": args.beta, "tau": args.tau, "servers": args.servers, "seed": args.seed,
-                 "peers": args.peers, "max_delay": args.max_delay,
-                 "topology": topo_mod.make(args.topology, peers=args.peers, seed=args.seed)}
+                 "peers": args.peers, "max_delay": args.max_delay, "hierarchical": args.hierarchical,
+                 "node_size": args.node_size,
+                 "topology": topo_mod.make(topology_name(args, self.algorithm), peers=args.peers, seed=args.seed)}
         return mgt.make(self.algorithm, self.model, comm=self.comm, timeout=self.timeout,
                         **{k: v for k, v in flags.items() if k in mgt.OPTIONS[self.algorithm]})
 

@@ -59,12 +59,15 @@ def test_sgp_wrapper_follows_pushsum_driven_by_hand(topology):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("name", mgt.ALGORITHMS)
+@pytest.mark.parametrize("name", list(mgt.ALGORITHMS) + [f"{a} hierarchical" for a in mgt.HIERARCHICAL])
 def test_every_wrapper_keeps_views_and_drives_consensus(name):
     c = comm()
+    name, _, hierarchical = name.partition(" ")
     torch.manual_seed(c.rank)  # different initial models: the wrapper broadcasts rank 0's
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     options = {"tau": 1, "beta": 0.5, "max_delay": 1}
+    if hierarchical:
+        options.update(hierarchical=True, node_size=2 if c.size % 2 == 0 else 1)
     algo = mgt.make(name, model, comm=c, **{k: v for k, v in options.items() if k in mgt.OPTIONS[name]})
     first = [p.detach().clone() for p in model.parameters()]
     same = c.allgather(torch.cat([f.ravel() for f in first]).numpy())
@@ -171,7 +174,7 @@ def test_make_refuses_options_the_algorithm_does_not_take():
     with pytest.raises(TypeError) as err:
         mgt.make("sgp", model, comm=c, peer=2, max_delay=3, tau=9)
     text = str(err.value)
-    assert "unexpected options max_delay, peer, tau" in text and "sgp takes topology, peers, timeout" in text
+    assert "unexpected options max_delay, peer, tau" in text and "sgp takes topology, peers, hierarchical, node_size, timeout" in text
     with pytest.raises(TypeError, match="unexpected option beta; allreduce takes bucket_mb, timeout"):
         mgt.make("allreduce", model, comm=c, beta=0.5)
     with pytest.raises(ValueError, match="unknown algorithm"):

@@ -1,0 +1,79 @@
+"""D-PSGD's averaging (Lian et al. 2017): synchronous neighbour averaging with a doubly
+stochastic mixing matrix.
+
+At every step each rank sends ``x`` to its neighbours and receives theirs, then
+``x_i = W_ii x_i + sum_j W_ij x_j`` in one fused pass, chunk by chunk as messages arrive
+(the same zero-copy pipeline as synchronous PushSum: :mod:`mpigossip._pipeline`). ``W``
+must be doubly stochastic (checked at every new step, the same error naming the row or
+column on every rank), so the plain mean of ``x`` over ranks is preserved: there is no
+weight to de-bias. The undirected graphs of :mod:`mpigossip.topology.undirected` give
+symmetric ``W`` (Metropolis-Hastings or lazy weights); a directed regular graph
+(``ExponentialGraph``) is doubly stochastic too and is accepted.
+"""
+
+from . import buffers
+from . import topology as topo_mod
+from ._base import Communicator, check_chunk_bytes
+from ._pipeline import Pipeline
+
+
+class DPSGD(Communicator):
+    """D-PSGD averaging on one flat buffer.
+
+    Args:
+        x: numpy/cupy/torch buffer, same length and dtype on every rank; updated in place.
+        comm: communicator (keyword-only).
+        topology: a doubly stochastic topology; default ``UndirectedRing()`` (the paper's).
+        timeout: seconds any wait may take before the job is aborted.
+        cuda_aware, stage: see :class:`mpigossip.buffers.Transport`.
+        chunk_bytes, slots: pipelining, as for :class:`mpigossip.PushSum`; same on every rank.
+    """
+
+    _name = "DPSGD"
+
+    def __init__(self, x, *, comm, topology=None, timeout=None, cuda_aware=None, stage=None,
+                 chunk_bytes=4 << 20, slots=2):
+        super().__init__(comm, timeout)
+        error = check_chunk_bytes(chunk_bytes)
+        try:
+            if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+                raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+            if topology is None:
+                topology = topo_mod.UndirectedRing()
+            if not isinstance(topology, topo_mod.Topology):
+                raise TypeError(f"topology must be a mpigossip.topology.Topology, got {topology!r}")
+            if topology.allow_self:
+                raise ValueError(f"{topology!r} may send to self; D-PSGD needs distinct neighbours")
+            self.topology = topology.bind(self.size)
+            self.topology.check_step(0, doubly=True)
+        except (TypeError, ValueError) as exc:
+            error = error or str(exc)
+        self._validate(error)
+        try:
+            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout,
+                                               same={"chunk_bytes": chunk_bytes, "slots": slots})
+        except (TypeError, ValueError):
+            self._free_comm()
+            raise
+        self.step_count = 0
+        self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
+        self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
+                                  cuda_aware=cuda_aware)
+
+    def step(self):
+        """One averaging round with this step's neighbours (collective over the graph)."""
+        self._check_open()
+        k = self.step_count
+        self.topology.check_step(k, doubly=True)
+        self_weight, out_weights = self.topology.mixing_weights(self.rank, k)
+        ins = self.topology.in_peers(self.rank, k)
+        weights = [self.topology.mixing_weights(src, k)[1][self.rank] for src in ins]
+        self._pipeline.run(sorted(out_weights), ins, k % (1 << 20), f"step (step {k})",
+                           self_weight=self_weight, weights=weights)
+        self.buffer.release()
+        self.step_count += 1
+
+    def __repr__(self):
+        state = "freed" if self.closed else "open"
+        return (f"<DPSGD {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
+                f"{self.size} {self.topology!r} step={self.step_count} {state}>")

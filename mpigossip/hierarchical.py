@@ -1,0 +1,150 @@
+"""Hierarchical averaging: the exact mean inside each node, a decentralized (or exact)
+average between nodes.
+
+Built from two communicators: a :class:`~mpigossip.node.NodeMean` over each node's
+shared-memory window, and one inter-node communicator per *local index*: local rank
+``r`` of every node runs it on slice ``r`` of the node mean, in place in shared memory,
+with local rank ``r`` of the other nodes. So each node's link carries one model per step
+whatever the number of ranks per node (each of ``L`` ranks sends ``1/L`` of it), and the
+inter-node arithmetic is spread over all of the node's ranks; the slices are then gathered
+on every rank. Every node must have the same number of ranks (checked).
+
+:meth:`Hierarchical.allocate` puts the buffer itself in the window (no copy in or out:
+see :mod:`mpigossip.node`). With :class:`~mpigossip.pushsum.PushSum` between nodes the PushSum weight is the same on
+every rank of a node (every slice sees the same graph and weights): :attr:`weight`.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from . import deadline
+from ._base import Communicator
+from .node import NodeMean
+
+
+class Hierarchical(Communicator):
+    """Node mean, then ``inter`` between nodes, on one flat buffer.
+
+    Args:
+        x: numpy/cupy/torch buffer, same length and dtype on every rank; updated in place.
+        comm: communicator (keyword-only); collective construction.
+        inter: the inter-node communicator class (:class:`~mpigossip.PushSum`,
+            :class:`~mpigossip.DPSGD`, :class:`~mpigossip.Gossip` with ``mode="push"``,
+            :class:`~mpigossip.AllreduceAverager`), or ``None`` for the node mean only.
+        node_size: ranks per node (see :class:`~mpigossip.node.NodeMean`; default: those
+            sharing memory).
+        timeout: seconds any wait may take before the job is aborted.
+        **options: passed to ``inter`` (e.g. ``topology=``, ``seed=``); its graph is over nodes.
+    """
+
+    _name = "Hierarchical"
+
+    def __init__(self, x, *, comm, inter=None, node_size=None, timeout=None, _allocate=None, **options):
+        super().__init__(comm, timeout)
+        error = None
+        if inter is not None and not (isinstance(inter, type) and issubclass(inter, Communicator)):
+            error = f"inter must be a communicator class (e.g. mpigossip.PushSum) or None, got {inter!r}"
+        self._validate(error)
+        try:
+            self.node = NodeMean(x, comm=self.comm, node_size=node_size, timeout=self.timeout, _allocate=_allocate)
+        except (TypeError, ValueError):
+            self._free_comm()
+            raise
+        self.buffer = self.node.buffer
+        sizes = deadline.allgather(self.comm, self.node.local_size, timeout=self.timeout, op=self._name)
+        error = None
+        if len(set(sizes)) > 1:
+            per_node = sorted(set(sizes))
+            error = (f"every node must have the same number of ranks for hierarchical averaging; "
+                     f"found nodes with {', '.join(map(str, per_node))} ranks")
+        if error is None and inter is not None and getattr(inter, "_name", "") == "Gossip" and \
+                options.get("mode", "pull") != "push":
+            error = "Gossip between nodes must use mode='push' (a pull window cannot live in shared memory slices)"
+        try:
+            deadline.raise_collectively(self.comm, error, timeout=self.timeout, op=self._name)
+        except ValueError:
+            self.node.free()
+            self._free_comm()
+            raise
+        self.nodes = self.size // self.node.local_size
+        # Local rank r of every node, ordered by node (their world ranks' order).
+        self.across = self.comm.Split(self.node.local_rank, key=self.rank)
+        self.inter = None
+        if inter is not None:
+            try:
+                self.inter = inter(self.node.part, comm=self.across, timeout=self.timeout, **options)
+            except (TypeError, ValueError):
+                self.across.Free()
+                self.node.free()
+                self._free_comm()
+                raise
+        self._steps = 0
+
+    @classmethod
+    def allocate(cls, size, dtype, *, comm, inter=None, node_size=None, timeout=None, **options):
+        """Hierarchical averaging whose buffer is this rank's segment of the node's shared
+        window, :attr:`array` (zeros; valid until :meth:`free`): no copy in or out (collective)."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be an integer >= 1, got {size!r}")
+        return cls(None, comm=comm, inter=inter, node_size=node_size, timeout=timeout,
+                   _allocate=(size, np.dtype(dtype)), **options)
+
+    @property
+    def array(self):
+        """The buffer averaged (the shared segment after :meth:`allocate`)."""
+        return self.buffer.array
+
+    @property
+    def step_count(self):
+        """Steps taken (the inter-node communicator's schedule position follows it)."""
+        return self._steps
+
+    @step_count.setter
+    def step_count(self, value):
+        self._steps = int(value)
+        if self.inter is not None and hasattr(self.inter, "step_count"):
+            self.inter.step_count = int(value)
+
+    @property
+    def weight(self):
+        """The PushSum weight of this node (1.0 without PushSum between nodes)."""
+        return getattr(self.inter, "weight", 1.0)
+
+    @weight.setter
+    def weight(self, value):
+        self.inter.weight = float(value)
+
+    def _inter_step(self):
+        inter = self.inter
+        if inter is None:
+            return
+        if hasattr(inter, "average"):
+            inter.average()
+        else:
+            inter.step()
+
+    def step(self):
+        """Node mean, one inter-node round on this rank's slice, gather (collective)."""
+        self._check_open()
+        self.node.reduce()
+        self._inter_step()
+        self.node.gather()
+        self._steps += 1
+
+    def free(self):
+        """Collective: release the inter-node communicator, the window and communicators."""
+        if self.closed:
+            return
+        if self.inter is not None:
+            self.inter.free()
+        if self.across != MPI.COMM_NULL:
+            self.across.Free()
+        self.node.free()
+        self._free_comm()
+
+    def __repr__(self):
+        state = "freed" if self.closed else "open"
+        inter = type(self.inter).__name__ if self.inter is not None else None
+        return (f"<Hierarchical {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
+                f"{self.size} nodes={self.nodes} x {self.node.local_size} inter={inter} step={self.step_count} "
+                f"{state}>")

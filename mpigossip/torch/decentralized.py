@@ -1,0 +1,79 @@
+"""The SGP paper's baselines: D-PSGD (synchronous, doubly stochastic neighbour averaging)
+and AD-PSGD (asynchronous atomic pairwise averaging)."""
+
+from ..adpsgd import ADPSGD as _ADPSGD
+from ..dpsgd import DPSGD as _DPSGD
+from .base import _Wrapper
+
+
+class DPSGD(_Wrapper):
+    """D-PSGD (Lian et al. 2017): after each local update, ``x_i = sum_j W_ij x_j`` with the
+    topology's doubly stochastic ``W`` (default: the undirected ring). The parameters are
+    the model itself (no de-biasing); the mean over ranks moves only by the mean update.
+
+    With ``hierarchical=True`` the exact mean is taken inside each node (shared memory)
+    and D-PSGD runs between nodes (``node_size`` as :class:`mpigossip.NodeMean`).
+    """
+
+    name = "dpsgd"
+
+    def __init__(self, model, *, comm, topology=None, hierarchical=False, node_size=None, timeout=None):
+        self.topology, self.hierarchical, self.node_size = topology, bool(hierarchical), node_size
+        super().__init__(model, comm=comm, timeout=timeout)
+
+    def _make(self, array):
+        if self.hierarchical:
+            return self._hierarchical(array, _DPSGD, topology=self.topology)
+        return _DPSGD(array, comm=self.comm, topology=self.topology, timeout=self.timeout)
+
+    def _step(self):
+        for c in self.comms:
+            c.step()
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["mixing_steps"] = [c.step_count for c in self.comms]
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for c, k in zip(self.comms, state["mixing_steps"]):
+            c.step_count = int(k)
+
+
+class ADPSGD(_Wrapper):
+    """AD-PSGD (Lian et al. 2018): after each local update, an active rank (even) averages
+    its model with a random passive rank's (odd), atomically, in RMA windows; a passive
+    rank folds its update into its window and continues from there. No rank waits for
+    another except while one exchange holds a lock."""
+
+    name = "adpsgd"
+
+    def __init__(self, model, *, comm, seed=0, timeout=None):
+        self.seed = seed
+        super().__init__(model, comm=comm, timeout=timeout)
+
+    def _make(self, array):
+        return _ADPSGD(array, comm=self.comm, seed=self.seed, timeout=self.timeout)
+
+    def _step(self):
+        for c in self.comms:
+            c.step()
+
+    def drain(self):
+        """Collective: passive ranks take the averages made into their windows since their
+        last step (before evaluating, checkpointing or freeing)."""
+        with self._ordered():
+            for c in self.comms:
+                if not c.closed:
+                    c.drain()
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["exchanges"] = [c.exchanges for c in self.comms]
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for c, k in zip(self.comms, state["exchanges"]):
+            c.exchanges = int(k)
