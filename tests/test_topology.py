@@ -261,3 +261,22 @@ def test_make_knows_every_name():
             g = T.make(name).bind(n)
             for k in steps_to_check(g):
                 g.check_step(k, doubly=True)
+
+
+def test_a_peers_per_step_schedule():
+    g = T.ExponentialGraph(peers=[1, 2]).bind(16)  # hops 1, 2, 4, 8
+    assert [g.hops(k) for k in range(5)] == [[1], [2, 4], [8], [1, 2], [4]]
+    assert g.period == 8 and g.peers_at(3) == 2
+    for k in range(2 * g.period):
+        assert g.hops(k) == g.hops(k + g.period)
+        for r in range(16):
+            assert g.in_peers(r, k) == sorted((r - h) % 16 for h in g.hops(k))
+        g.check_step(k, doubly=True)
+    a = T.AlternatingExponentialGraph(peers=(2, 1)).bind(8)
+    assert [a.hops(k) for k in range(3)] == [[1, -1], [2], [-2, 4]]
+    with pytest.raises(ValueError, match="needs at least 9 ranks"):
+        T.ExponentialGraph(peers=[1, 4]).bind(8)
+    with pytest.raises(ValueError, match="schedule is empty"):
+        T.ExponentialGraph(peers=[])
+    with pytest.raises(ValueError, match="it sets the base"):
+        T.NPeerExponentialGraph(peers=[1, 2])

@@ -16,13 +16,33 @@ class OffsetGraph(Topology):
     "phone book") is cycled ``peers`` at a time. Offsets are distinct and non-zero modulo
     the world size, so a step's out-peers are distinct and every rank has as many in-peers
     as out-peers (``i - o``): the graph is regular. Subclasses define :meth:`offsets`.
+
+    ``peers`` may also be a schedule, a list such as ``[1, 1, 2]``: step ``k`` then uses
+    ``peers[k % len]`` offsets, taken where the previous step's ended.
     """
 
     _what = "offset"
 
     def __init__(self, peers=1, size=None):
-        self.peers = _check_peers(type(self).__name__, peers)
+        owner = type(self).__name__
+        if isinstance(peers, (list, tuple)):
+            if not peers:
+                raise ValueError(f"{owner}: the peers schedule is empty")
+            self._schedule = tuple(_check_peers(owner, p) for p in peers)
+            self.peers = list(self._schedule)
+        else:
+            self.peers = _check_peers(owner, peers)
+            self._schedule = (self.peers,)
         super().__init__(size)
+
+    def peers_at(self, step):
+        """How many out-peers every rank has at ``step``."""
+        return self._schedule[step % len(self._schedule)]
+
+    def _start(self, step):
+        """Index in the offset list of ``step``'s first offset (before reduction modulo m)."""
+        cycles, pos = divmod(step, len(self._schedule))
+        return cycles * sum(self._schedule) + sum(self._schedule[:pos])
 
     def _params(self):
         return {"peers": self.peers}
@@ -42,7 +62,7 @@ class OffsetGraph(Topology):
 
     def _validate(self):
         m = len(self.offsets()) if self.size > 1 else 0
-        if self.size > 1 and self.peers > m:
+        if self.size > 1 and max(self._schedule) > m:
             raise ValueError(self._too_few(m))
 
     def _too_few(self, m):
@@ -52,12 +72,13 @@ class OffsetGraph(Topology):
     @property
     def period(self):
         m = len(self.offsets()) if self.size > 1 else 1
-        return m // math.gcd(m, self.peers)
+        return len(self._schedule) * (m // math.gcd(m, sum(self._schedule)))
 
     def hops(self, step):
         """Offsets used at ``step``."""
         book = self.offsets() if self.size > 1 else []
-        return [book[(step * self.peers + t) % len(book)] for t in range(self.peers)] if book else []
+        start = self._start(step)
+        return [book[(start + t) % len(book)] for t in range(self.peers_at(step))] if book else []
 
     def _out(self, rank, step):
         return sorted((rank + h) % self.size for h in self.hops(step))
@@ -79,7 +100,7 @@ class ExponentialGraph(OffsetGraph):
         return [2 ** j for j in range(_num_hops(self.size))]
 
     def _too_few(self, m):
-        return (f"ExponentialGraph(peers={self.peers}) needs at least {2 ** (self.peers - 1) + 1} ranks: "
+        return (f"ExponentialGraph(peers={self.peers}) needs at least {2 ** (max(self._schedule) - 1) + 1} ranks: "
                 f"world size {self.size} has only {m} distinct exponential hop(s)")
 
 
@@ -110,6 +131,11 @@ class NPeerExponentialGraph(OffsetGraph):
     """
 
     _what = "N-peer offset"
+
+    def __init__(self, peers=1, size=None):
+        if not isinstance(peers, int) or isinstance(peers, bool):
+            raise ValueError(f"NPeerExponentialGraph: peers must be an integer >= 1 (it sets the base), got {peers!r}")
+        super().__init__(peers, size)
 
     def _raw_offsets(self):
         base, out, power = self.peers + 1, [], 1

@@ -82,3 +82,26 @@ def test_a_matrix_that_loses_mass_is_rejected_on_every_rank():
         ps.step()
     assert "step 1: column 0" in str(err.value) and same_on_all_ranks(c, str(err.value))
     ps.free()
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_peers_per_step_schedule_follows_the_replay(overlap):
+    c = comm()
+    topo = T.ExponentialGraph(peers=[1, 2])
+    x = np.random.default_rng(c.rank).standard_normal(100)
+    X, W = all_x(c, x), np.ones(c.size)
+    ps = mg.PushSum(x, comm=c, topology=topo, max_delay=0)
+    for k in range(8):
+        P = np.array(ps.topology.mixing_matrix(k), dtype=np.float64)
+        X, W = P @ X, P @ W
+        if overlap:
+            ps.start()
+            ps.finish()
+        else:
+            ps.step()
+        assert ps.topology.peers_at(k) == len(ps.topology.out_peers(c.rank, k))
+    ps.drain()
+    np.testing.assert_allclose(x, X[c.rank], rtol=1e-12, atol=1e-12)
+    assert ps.weight == pytest.approx(W[c.rank], rel=1e-12)
+    ps.free()
