@@ -14,6 +14,9 @@ DIR=${MPIGOSSIP_SLURM_DIR:-/tmp/mpigossip-slurm}
 CPUS=${MPIGOSSIP_SLURM_CPUS:-16}
 log() { echo "slurm/start.sh: $*" >&2; }
 
+# A munged already running before this script is the machine's: left alone. One started here, by
+# us or by the munge package's install script (Debian starts the daemon on install), is ours to stop.
+munged_before=$(pgrep -x munged || true)
 missing=()
 for cmd in slurmctld slurmd sbatch munged; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
 # Slurm's mpi/pmix plugin dlopen()s pmix2/lib/libpmix.so: the unversioned link comes with libpmix-dev.
@@ -76,8 +79,8 @@ if ! munge -n </dev/null >/dev/null 2>&1; then
   mkdir -p /run/munge /var/log/munge /var/lib/munge && chown munge:munge /run/munge /var/log/munge /var/lib/munge
   runuser -u munge -- munged --force
   for _ in $(seq 50); do munge -n </dev/null >/dev/null 2>&1 && break; sleep 0.1; done
-  pgrep -u munge -x munged >"$DIR/run/munged.pid"
 fi
+if [ -z "$munged_before" ]; then pgrep -x munged >"$DIR/run/munged.pid" || true; fi
 
 alive "$DIR/run/slurmctld.pid" || slurmctld -f "$SLURM_CONF"
 alive "$DIR/run/slurmd.pid" || slurmd -f "$SLURM_CONF"

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The cross-node part of the test command (tests/run.sh calls it; root only): an emulated cluster of
+# 4 nodes at 1 Gbit (tests/cluster/start.sh), then
+#   - the MPI test suite (tests/mpi) at 4 ranks, one per node (TCP only), and at 8 ranks, two per
+#     node (shared memory inside a node, TCP between nodes);
+#   - `info` under 8 ranks: 4 host names, local ranks 0 and 1 on each;
+#   - one training run of every algorithm across the 4 nodes, each reaching 90% like on one node,
+#     and hierarchical runs with 2 ranks on each of the 4 nodes.
+# The cluster is removed on any exit. A launch whose launcher outlives its ranks (an Open MPI 5.0.x
+# teardown bug, about 1 launch in 25: tests/cluster/mpiexec ends it with exit 3) is run again once.
+set -u
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+LIMIT=${MPIGOSSIP_TEST_TIMEOUT:-900}
+export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60} PYTHONUNBUFFERED=1
+export MPIGOSSIP_STRESS_MB=${MPIGOSSIP_CLUSTER_STRESS_MB:-4}   # 16 MB stress buffers take minutes at 1 Gbit
+OUT=$(mktemp -d)
+trap 'bash tests/cluster/stop.sh; rm -rf "$OUT"' EXIT
+bash tests/cluster/start.sh 4 1gbit 2 || exit 1
+
+failed=0
+launch() {  # NAME COMMAND...: run under the timeout, once more after a launcher teardown hang
+  local name=$1 rc start=$SECONDS
+  shift
+  for attempt in 1 2; do
+    timeout -k 10 "$LIMIT" "$@"
+    rc=$?
+    [ $rc -eq 3 ] && [ $attempt -eq 1 ] && { echo "tests/cluster/run.sh: $name: launcher hung at exit; again"; continue; }
+    break
+  done
+  if [ $rc -eq 0 ]; then echo "cluster: $name: passed in $((SECONDS - start)) s" >&2
+  else echo "cluster: $name: FAILED (exit $rc) in $((SECONDS - start)) s" >&2; failed=1; fi
+}
+
+MPI=tests/cluster/mpiexec
+PYTEST=("$PY" -m pytest --with-mpi -q --color=no -p no:cacheprovider tests/mpi)
+launch "tests/mpi, 4 ranks on 4 nodes" $MPI -n 4 --map-by node "${PYTEST[@]}"
+launch "tests/mpi, 8 ranks on 4 nodes" $MPI -n 8 --map-by slot "${PYTEST[@]}"
+
+launch "info, 8 ranks" $MPI -n 8 --map-by slot "$PY" -m mpigossip info --json >"$OUT/info.json"
+"$PY" - "$OUT/info.json" <<'PY' || { echo "cluster: info: FAILED"; failed=1; }
+import json, sys
+text = open(sys.argv[1]).read()
+ranks = json.loads(text[text.index("{"):text.rindex("}") + 1])["ranks"]
+hosts = {}
+for r in ranks:
+    hosts.setdefault(r["host"], []).append(r["local_rank"])
+assert sorted(hosts) == ["node1", "node2", "node3", "node4"], hosts
+assert all(sorted(v) == [0, 1] for v in hosts.values()), hosts
+print("cluster: info: 4 hosts, local ranks 0/1 on each")
+PY
+
+launch "train, every algorithm, 4 ranks on 4 nodes" $MPI -n 4 --map-by node "$PY" -m mpigossip train \
+  --algorithm all --quiet --out "$OUT/train"
+launch "train, hierarchical, 8 ranks on 4 nodes" $MPI -n 8 --map-by slot "$PY" -m mpigossip compare \
+  --algorithms sgp dpsgd allreduce-params gossip-push --hierarchical --lrs 0.1 --quiet --out "$OUT/hier"
+"$PY" - "$OUT" <<'PY' || { echo "cluster: accuracy: FAILED"; failed=1; }
+import glob, json, os, sys
+out = sys.argv[1]
+found = {}
+for path in glob.glob(os.path.join(out, "train", "*", "summary.json")):
+    s = json.load(open(path))
+    found[s["algorithm"]] = s["final_accuracy"]
+for s in json.load(open(os.path.join(out, "hier", "compare.json"))):
+    found[s["algorithm"] + " hierarchical"] = s["final_accuracy"]
+low = {a: acc for a, acc in found.items() if acc < 0.90}
+assert len(found) >= 14 and not low, (found, low)
+print("cluster: accuracy: " + ", ".join(f"{a} {acc:.3f}" for a, acc in sorted(found.items())))
+PY
+exit $failed
