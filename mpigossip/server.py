@@ -9,7 +9,12 @@ epoch on every rank (``Lock_all``) and then
   accumulate operations on one element atomic with respect to each other, so a pull
   never sees a torn element, which a plain ``Get`` racing an ``Accumulate`` may).
 
-Server ranks take no part in either call. A server rank can also be a worker
+Server ranks take no part in either call. Across nodes (``atomicity="lock"``, the default
+when the ranks do not all share memory) a push is instead ``Lock(EXCLUSIVE)`` + ``Get`` +
+add + ``Put`` + ``Unlock`` per shard and a pull ``Lock(SHARED)`` + ``Get``: Open MPI 5's
+osc/rdma over TCP was seen to hang inside ``MPI_Raccumulate`` (every rank spinning in the
+call, so no deadline can fire) in 3 of 4 runs of the test suite across emulated nodes,
+while exclusive locks with get/put ran without fault; osc/ucx has the opposite faults. A server rank can also be a worker
 (co-located, the default: every rank trains) or dedicated: then it calls :meth:`serve`,
 which only keeps it in MPI until every rank calls :meth:`free`. With Open MPI's
 ``Win.Allocate`` windows the target needs no progress calls; with MPIs whose passive
@@ -22,7 +27,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, deadline
+from . import buffers, deadline, kernels
 from ._base import Communicator
 
 
@@ -47,15 +52,20 @@ class ParameterServer(Communicator):
         servers: how many ranks (``0 .. servers-1``) hold shards.
         init: optional host array of ``size`` elements: each server rank copies its shard
             from its own ``init`` (pass the same values on every rank); default zeros.
+        atomicity: ``"accumulate"`` (MPI accumulate operations: concurrent pushes to one
+            shard), ``"lock"`` (exclusive lock, get, add, put: pushes to one shard take turns),
+            or ``None``: accumulate when every rank shares this node's memory, else lock.
         timeout: seconds any wait may take before the job is aborted.
     """
 
     _name = "ParameterServer"
 
-    def __init__(self, size, dtype, *, comm, servers=1, init=None, timeout=None):
+    def __init__(self, size, dtype, *, comm, servers=1, init=None, atomicity=None, timeout=None):
         super().__init__(comm, timeout)
         error = None
         try:
+            if atomicity not in (None, "accumulate", "lock"):
+                raise ValueError(f"atomicity must be 'accumulate', 'lock' or None, got {atomicity!r}")
             if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
                 raise ValueError(f"size must be an integer >= 1, got {size!r}")
             self.dtype = np.dtype(dtype)
@@ -72,12 +82,19 @@ class ParameterServer(Communicator):
         except (TypeError, ValueError) as exc:
             error = str(exc)
         self._validate(error)
-        infos = deadline.allgather(self.comm, (int(size), str(self.dtype), servers),
+        if atomicity is None:
+            shared = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+            one_node = deadline.allreduce(self.comm, int(shared.Get_size() == self.size), timeout=self.timeout,
+                                          op=self._name, reduce=MPI.MIN)
+            shared.Free()
+            atomicity = "accumulate" if one_node else "lock"
+        infos = deadline.allgather(self.comm, (int(size), str(self.dtype), servers, atomicity),
                                    timeout=self.timeout, op=self._name)
         if len(set(infos)) > 1:
             self._free_comm()
-            raise ValueError(f"{self._name}: (size, dtype, servers) differ across ranks: "
+            raise ValueError(f"{self._name}: (size, dtype, servers, atomicity) differ across ranks: "
                              + ", ".join(f"rank {r}: {i}" for r, i in enumerate(infos)))
+        self.atomicity = atomicity
         self.size_elements = int(size)
         self.servers = servers
         self.bounds = shard_bounds(self.size_elements, servers)
@@ -90,12 +107,14 @@ class ParameterServer(Communicator):
             self.shard[:] = 0 if init is None else init[lo:hi]
             self.win.Unlock(self.rank)
         deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name} init")
-        self.win.Lock_all()
+        if self.atomicity == "accumulate":
+            self.win.Lock_all()
         self.pushes = 0
         self.pulls = 0
         # NO_OP ignores the origin's values, but Open MPI 5 takes the element count from it:
         # keep a scratch origin as long as the largest shard (origin and result must not alias).
         self._origin = np.zeros(max(hi - lo for lo, hi in self.bounds), self.dtype)
+        self._scratch = np.empty_like(self._origin)  # lock mode: a shard's read-modify-write
 
     def _host(self, obj, name):
         buf = buffers.as_buffer(obj, name=name)
@@ -113,11 +132,20 @@ class ParameterServer(Communicator):
             data = buf.array.get()  # blocks until the copy (and the work before it) is done
         else:
             data = buf.array
-        requests = [self.win.Raccumulate([data[lo:hi], self.datatype], s, op=MPI.SUM)
-                    for s, (lo, hi) in enumerate(self.bounds)]
-        self._wait(requests, "push (Raccumulate)", peer=list)  # request i goes to server rank i
-        for s in range(self.servers):
-            self.win.Flush(s)
+        if self.atomicity == "lock":
+            for s, (lo, hi) in enumerate(self.bounds):
+                shard = self._scratch[:hi - lo]
+                self.win.Lock(s, MPI.LOCK_EXCLUSIVE)
+                self._wait(self.win.Rget([shard, self.datatype], s), "push (Rget)", peer=s)
+                kernels.weighted_sum(shard, shard, 1.0, [data[lo:hi]], [1.0])
+                self._wait(self.win.Rput([shard, self.datatype], s), "push (Rput)", peer=s)
+                self.win.Unlock(s)
+        else:
+            requests = [self.win.Raccumulate([data[lo:hi], self.datatype], s, op=MPI.SUM)
+                        for s, (lo, hi) in enumerate(self.bounds)]
+            self._wait(requests, "push (Raccumulate)", peer=list)  # request i goes to server rank i
+            for s in range(self.servers):
+                self.win.Flush(s)
         self.pushes += 1
 
     def pull(self, out):
@@ -125,10 +153,16 @@ class ParameterServer(Communicator):
         self._check_open()
         buf = self._host(out, "out")
         host = np.empty(buf.size, self.dtype) if buf.on_device else buf.array
-        requests = [self.win.Rget_accumulate([self._origin[:hi - lo], self.datatype],
-                                             [host[lo:hi], self.datatype], s, op=MPI.NO_OP)
-                    for s, (lo, hi) in enumerate(self.bounds)]
-        self._wait(requests, "pull (Rget_accumulate)", peer=list)  # request i goes to server rank i
+        if self.atomicity == "lock":
+            for s, (lo, hi) in enumerate(self.bounds):
+                self.win.Lock(s, MPI.LOCK_SHARED)
+                self._wait(self.win.Rget([host[lo:hi], self.datatype], s), "pull (Rget)", peer=s)
+                self.win.Unlock(s)
+        else:
+            requests = [self.win.Rget_accumulate([self._origin[:hi - lo], self.datatype],
+                                                 [host[lo:hi], self.datatype], s, op=MPI.NO_OP)
+                        for s, (lo, hi) in enumerate(self.bounds)]
+            self._wait(requests, "pull (Rget_accumulate)", peer=list)  # request i goes to server rank i
         if buf.on_device:
             buf.acquire()          # the user's pending work on out comes before our copy
             buf.array.set(host)    # pageable host memory: returns once host is no longer read
@@ -153,12 +187,13 @@ class ParameterServer(Communicator):
         self._release()
 
     def _release(self):
-        self.win.Unlock_all()
+        if self.atomicity == "accumulate":
+            self.win.Unlock_all()
         self.win.Free()
         self._free_comm()
 
     def __repr__(self):
         role = "server" if self.is_server else "worker"
         state = "freed" if self.closed else "open"
-        return (f"<ParameterServer size={self.size_elements} {self.dtype} servers={self.servers} "
+        return (f"<ParameterServer size={self.size_elements} {self.dtype} servers={self.servers} {self.atomicity} "
                 f"rank={self.rank}/{self.size} ({role}) pushes={self.pushes} pulls={self.pulls} {state}>")

@@ -6,6 +6,7 @@
 #
 #   bash tests/run.sh                    # everything
 #   MPIGOSSIP_TEST_SIZES="2 4" bash tests/run.sh
+#   MPIGOSSIP_CLUSTER_TESTS=0 bash tests/run.sh   # without the emulated-cluster part (tests/cluster/run.sh)
 #   PYTHON=/path/to/python bash tests/run.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -52,6 +53,19 @@ for n in $SIZES; do
     failed=1
   fi
 done
+
+if [ "${MPIGOSSIP_CLUSTER_TESTS:-1}" != 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null && command -v nsenter >/dev/null; then
+    echo "=== cluster tests: 4 emulated nodes at 1 Gbit (tests/cluster/run.sh)"
+    start=$SECONDS
+    PYTHON="$PY" bash tests/cluster/run.sh
+    rc=$?
+    results+=("emulated cluster: $([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)") in $((SECONDS - start)) s")
+    [ $rc -eq 0 ] || failed=1
+  else
+    results+=("emulated cluster: skipped (needs root with ip, tc and nsenter for network namespaces)")
+  fi
+fi
 
 echo "=== summary"
 printf '%s\n' "${results[@]}"

@@ -11,6 +11,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
+PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")   # absolute: the ranks start in other namespaces
 LIMIT=${MPIGOSSIP_TEST_TIMEOUT:-900}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60} PYTHONUNBUFFERED=1
 export MPIGOSSIP_STRESS_MB=${MPIGOSSIP_CLUSTER_STRESS_MB:-4}   # 16 MB stress buffers take minutes at 1 Gbit

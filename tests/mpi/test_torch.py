@@ -67,7 +67,8 @@ def test_every_wrapper_keeps_views_and_drives_consensus(name):
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     options = {"tau": 1, "beta": 0.5, "max_delay": 1}
     if hierarchical:
-        options.update(hierarchical=True, node_size=2 if c.size % 2 == 0 else 1)
+        from .test_hierarchical import shared_size
+        options.update(hierarchical=True, node_size=2 if shared_size(c) % 2 == 0 else 1)
     algo = mgt.make(name, model, comm=c, **{k: v for k, v in options.items() if k in mgt.OPTIONS[name]})
     first = [p.detach().clone() for p in model.parameters()]
     same = c.allgather(torch.cat([f.ravel() for f in first]).numpy())
