@@ -10,6 +10,22 @@ CUDA-aware MPI) goes in one piece.
 """
 
 from . import buffers, kernels
+from . import topology as topo_mod
+
+
+def bind_mixing(topology, default, size, *, slots, what):
+    """Check the arguments a pipelined communicator shares (``slots``, its topology) and return
+    the topology (``default`` if None) bound to ``size``; ``TypeError``/``ValueError`` otherwise.
+    ``what`` names the peers in the message (e.g. "distinct peers")."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+    if topology is None:
+        topology = default
+    if not isinstance(topology, topo_mod.Topology):
+        raise TypeError(f"topology must be a mpigossip.topology.Topology, got {topology!r}")
+    if topology.allow_self:
+        raise ValueError(f"{topology!r} may send to self; {what}")
+    return topology.bind(size)
 
 
 class Pipeline:

@@ -14,7 +14,7 @@ symmetric ``W`` (Metropolis-Hastings or lazy weights); a directed regular graph
 from . import buffers
 from . import topology as topo_mod
 from ._base import Communicator, check_chunk_bytes
-from ._pipeline import Pipeline
+from ._pipeline import Pipeline, bind_mixing
 
 
 class DPSGD(Communicator):
@@ -36,15 +36,8 @@ class DPSGD(Communicator):
         super().__init__(comm, timeout)
         error = check_chunk_bytes(chunk_bytes)
         try:
-            if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-                raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
-            if topology is None:
-                topology = topo_mod.UndirectedRing()
-            if not isinstance(topology, topo_mod.Topology):
-                raise TypeError(f"topology must be a mpigossip.topology.Topology, got {topology!r}")
-            if topology.allow_self:
-                raise ValueError(f"{topology!r} may send to self; D-PSGD needs distinct neighbours")
-            self.topology = topology.bind(self.size)
+            self.topology = bind_mixing(topology, topo_mod.UndirectedRing(), self.size, slots=slots,
+                                        what="D-PSGD needs distinct neighbours")
             self.topology.check_step(0, doubly=True)
         except (TypeError, ValueError) as exc:
             error = error or str(exc)

@@ -27,7 +27,7 @@ import numpy as np
 from . import buffers, kernels
 from . import topology as topo_mod
 from ._base import Communicator, check_chunk_bytes
-from ._pipeline import Pipeline
+from ._pipeline import Pipeline, bind_mixing
 
 _TAG_STEPS = 1 << 14  # steps before tags repeat; far more than can ever be in flight
 
@@ -79,15 +79,8 @@ class PushSum(Communicator):
         super().__init__(comm, timeout)
         error = check_chunk_bytes(chunk_bytes)
         try:
-            if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-                raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
-            if topology is None:
-                topology = topo_mod.ExponentialGraph(peers=1)
-            if not isinstance(topology, topo_mod.Topology):
-                raise TypeError(f"topology must be a mpigossip.topology.Topology, got {topology!r}")
-            if topology.allow_self:
-                raise ValueError(f"{topology!r} may send to self; PushSum needs distinct peers")
-            self.topology = topology.bind(self.size)
+            self.topology = bind_mixing(topology, topo_mod.ExponentialGraph(peers=1), self.size, slots=slots,
+                                        what="PushSum needs distinct peers")
             if isinstance(max_delay, bool) or not isinstance(max_delay, int) or max_delay < 0:
                 raise ValueError(f"max_delay must be an integer >= 0, got {max_delay!r}")
             if not float(weight) > 0:

@@ -8,6 +8,7 @@ column-stochastic; D-PSGD also checks the rows). The callable must be a pure fun
 ``(rank, step)``: every rank evaluates it for every rank and must get the same matrix.
 """
 
+import abc
 import math
 from fractions import Fraction
 
@@ -32,9 +33,9 @@ class _Columns(Topology):
     def _validate(self):
         self._columns(0)  # fail at bind (construction) on a bad first step
 
+    @abc.abstractmethod
     def _raw_column(self, rank, step):
         """``(self_weight, [(peer, weight), ...])`` for ``rank`` at ``step``, unchecked."""
-        raise NotImplementedError
 
     def _columns(self, step):
         key = ("columns", step % self._period if self._period else step)
