@@ -82,7 +82,10 @@ def test_lost_peer_ends_job_with_a_named_timeout(how, extra):
     status, out, seconds = run_lost_peer(extra + ["-n", "4"], how)
     assert status != 0, out
     assert "finished without noticing" not in out
-    assert "mpigossip: rank 2/4: PushSum.step (step 5): timed out after 3 s waiting for rank 1" in out, out
+    # Whichever live rank's deadline fires first ends the job (under load not always rank 2, whose
+    # only in-peer is rank 1): it must name the lost rank 1 among those it waited for.
+    assert re.search(r"mpigossip: rank [023]/4: PushSum\.step \(step 5\): timed out after 3 s waiting for "
+                     r"rank (1\b|[0-9, ]*\b1\b)", out), out
     assert seconds < 60
 
 
