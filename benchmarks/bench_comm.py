@@ -15,7 +15,6 @@ communicator itself.
 
 import argparse
 import json
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -23,25 +22,7 @@ from mpi4py import MPI
 import mpigossip as mg
 from mpigossip import kernels
 
-
-def timed(comm, fn):
-    comm.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-
-
-def side_by_side(comm, what, mb, ours, other, repeats):
-    """Time ``ours`` and ``other`` alternately; a result row."""
-    ours(), other()  # warm up
-    ta, tb = [], []
-    for _ in range(repeats):
-        ta.append(timed(comm, ours))
-        tb.append(timed(comm, other))
-    ratios = np.array(ta) / np.array(tb)
-    q1, median, q3 = np.percentile(ratios, [25, 50, 75])
-    return {"what": what, "mb": mb, "ranks": comm.size, "ours_ms": float(np.median(ta)) * 1e3,
-            "other_ms": float(np.median(tb)) * 1e3, "ratio": float(median), "q1": float(q1), "q3": float(q3)}
+from _timing import side_by_side  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def main():

@@ -18,7 +18,6 @@ with its quartiles.
 
 import argparse
 import json
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -26,25 +25,14 @@ from mpi4py import MPI
 import mpigossip as mg
 from mpigossip import topology as T
 
-
-def timed(comm, fn):
-    comm.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+import _timing  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def side_by_side(comm, what, mb, ours, other, repeats, **extra):
-    ours(), other()  # warm up
-    ta, tb = [], []
-    for _ in range(repeats):
-        ta.append(timed(comm, ours))
-        tb.append(timed(comm, other))
-    speedups = np.array(tb) / np.array(ta)
-    q1, median, q3 = np.percentile(speedups, [25, 50, 75])
-    return dict({"what": what, "mb": mb, "ranks": comm.size, "ours_ms": float(np.median(ta)) * 1e3,
-                 "other_ms": float(np.median(tb)) * 1e3, "speedup": float(median), "q1": float(q1),
-                 "q3": float(q3)}, **extra)
+    """The shared timing with the ratio turned into a speedup (other / ours: > 1 = ours faster)."""
+    row = _timing.side_by_side(comm, what, mb, ours, other, repeats, **extra)
+    ratio, q1, q3 = row.pop("ratio"), row.pop("q1"), row.pop("q3")
+    return dict(row, speedup=1 / ratio, q1=1 / q3, q3=1 / q1)
 
 
 def main():

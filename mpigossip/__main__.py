@@ -59,6 +59,16 @@ def build_parser():
     commands["plot"] = plot = sub.add_parser("plot", help="PNG figures of runs written by train/compare --out")
     plot.add_argument("dirs", nargs="+", metavar="DIR", help="run folders, or folders of runs")
     plot.add_argument("--out", help="where to write the PNGs (default: the first DIR)")
+    commands["reproduce"] = rep = sub.add_parser(
+        "reproduce", help="run the experiments behind the papers' findings; write a report (markdown + PNG)")
+    rep.add_argument("--out", default="reproduce-report", help="report folder (default: %(default)s)")
+    rep.add_argument("--quick", action="store_true", help="a small version (1 seed, fewer steps), a few minutes")
+    rep.add_argument("--mpiexec", help="launcher of the accuracy runs, e.g. 'srun' or 'mpirun --hostfile H' "
+                     "(default: mpigossip-mpiexec, this machine)")
+    rep.add_argument("--timed-mpiexec", help="launcher of the timed runs, on a cluster where communication "
+                     "counts, e.g. 'tests/cluster/mpiexec --map-by node' (default: as --mpiexec; their timing "
+                     "is then reported but not judged)")
+    rep.add_argument("--timeout", type=float, default=1800, help="seconds one MPI job may take (default: 1800)")
     return parser, commands
 
 
@@ -116,6 +126,9 @@ def _run(args):
     if args.command == "plot":
         from .train import plot
         return plot.main(args)
+    if args.command == "reproduce":
+        from . import reproduce
+        return reproduce.main(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

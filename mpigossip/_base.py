@@ -35,8 +35,10 @@ def _complete_at_exit():
 atexit.register(_complete_at_exit)
 
 
-def check_chunk_bytes(chunk_bytes):
-    """The problem with a ``chunk_bytes`` argument, or None."""
+def check_chunk_bytes(chunk_bytes, *, auto=False):
+    """The problem with a ``chunk_bytes`` argument (None allowed with ``auto``), or None."""
+    if auto and chunk_bytes is None:
+        return None
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
         return f"chunk_bytes must be a positive integer, got {chunk_bytes!r}"
     return None
@@ -88,6 +90,16 @@ class Communicator:
         except ValueError:
             self.comm.Free()
             raise
+
+    def _one_node(self):
+        """Collective: whether every rank shares one node (``COMM_TYPE_SHARED``); the same
+        answer on every rank."""
+        shared = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            return bool(deadline.allreduce(self.comm, int(shared.Get_size() == self.size), timeout=self.timeout,
+                                           op=self._name, reduce=MPI.MIN))
+        finally:
+            shared.Free()
 
     def _wait(self, requests, op, peer=None):
         deadline.wait(requests, comm=self.comm, timeout=self.timeout, op=f"{self._name}.{op}", peer=peer)

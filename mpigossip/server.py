@@ -83,11 +83,7 @@ class ParameterServer(Communicator):
             error = str(exc)
         self._validate(error)
         if atomicity is None:
-            shared = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-            one_node = deadline.allreduce(self.comm, int(shared.Get_size() == self.size), timeout=self.timeout,
-                                          op=self._name, reduce=MPI.MIN)
-            shared.Free()
-            atomicity = "accumulate" if one_node else "lock"
+            atomicity = "accumulate" if self._one_node() else "lock"
         infos = deadline.allgather(self.comm, (int(size), str(self.dtype), servers, atomicity),
                                    timeout=self.timeout, op=self._name)
         if len(set(infos)) > 1:

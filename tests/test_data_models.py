@@ -79,3 +79,27 @@ def test_image_models_reject_flat_inputs():
         models.build("cnn", (64,), 10)
     with pytest.raises(ValueError, match="unknown model"):
         models.build("vit", (3, 32, 32), 10)
+
+
+def test_synthetic_clusters_and_label_noise():
+    """Clusters per class keep the labels balanced and the data deterministic; label noise
+    changes about that fraction of the training labels (a random label may equal the true
+    one: 9/10 of them differ with 10 classes) and never the test labels."""
+    clean = data.load("synthetic", samples=20000, features=12, classes=10, seed=3, clusters=8)
+    noisy = data.load("synthetic", samples=20000, features=12, classes=10, seed=3, clusters=8, label_noise=0.2)
+    assert np.array_equal(clean.x_train, noisy.x_train) and np.array_equal(clean.y_test, noisy.y_test)
+    changed = np.mean(clean.y_train != noisy.y_train)
+    assert 0.16 < changed < 0.20
+    assert np.bincount(clean.y_train, minlength=10).min() > 0.08 * len(clean.y_train)
+    one = data.load("synthetic", samples=500, features=7, classes=3, seed=2, clusters=1)
+    assert np.array_equal(one.x_train, data.load("synthetic", samples=500, features=7, classes=3, seed=2).x_train)
+    with pytest.raises(data.DataError, match="label noise"):
+        data.load("synthetic", label_noise=1.0)
+    with pytest.raises(data.DataError, match="clusters"):
+        data.load("synthetic", clusters=0)
+
+
+def test_width_sets_the_hidden_layer():
+    mlp = models.build("mlp", (12,), 10, width=1024)
+    assert sum(p.numel() for p in mlp.parameters()) == 12 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10
+    assert sum(p.numel() for p in models.build("mlp", (12,), 10).parameters()) == 12 * 128 + 128 + 128 * 128 + 128 + 1290

@@ -30,5 +30,5 @@ def test_readme_documents_every_cli_flag_and_benchmark():
                 if flag.startswith("--") and flag != "--help":
                     assert re.search(re.escape(flag) + r"\b", readme), f"README.md lacks {name} {flag}"
     for script in sorted(os.listdir(os.path.join(ROOT, "benchmarks"))):
-        if script.endswith(".py"):
+        if script.endswith((".py", ".sh")) and not script.startswith("_"):  # _timing.py: a shared helper
             assert f"benchmarks/{script}" in readme, f"README.md lacks {script}"

@@ -32,6 +32,9 @@ def add_arguments(parser, *, sweep=False):
         parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate (default: %(default)s)")
     parser.add_argument("--model", default=DEFAULTS["model"], choices=MODEL_NAMES,
                         help="model (default: %(default)s)")
+    parser.add_argument("--width", type=int, default=None,
+                        help="mlp hidden units (default 128) or cnn channels (default 32): a larger model "
+                        "makes communication count")
     parser.add_argument("--dataset", default=DEFAULTS["dataset"],
                         help="digits (bundled with scikit-learn), synthetic, cifar10 (from --data-dir) or a "
                         "path to a .npz file (default: %(default)s)")
@@ -39,6 +42,10 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--samples", type=int, default=20000, help="synthetic: number of samples")
     parser.add_argument("--features", type=int, default=64, help="synthetic: input dimension")
     parser.add_argument("--classes", type=int, default=10, help="synthetic: number of classes")
+    parser.add_argument("--clusters", type=int, default=1,
+                        help="synthetic: Gaussian clusters per class (> 1: not linearly separable) (default: 1)")
+    parser.add_argument("--label-noise", type=float, default=0.0,
+                        help="synthetic: fraction of training labels replaced at random (default: 0)")
     parser.add_argument("--topology", default=None, choices=topo_mod.NAMES,
                         help="sgp/osgp/dpsgd graph (default: exponential for sgp/osgp, undirected-ring for "
                         "dpsgd, which needs a doubly stochastic one: " + ", ".join(topo_mod.UNDIRECTED) + ")")
@@ -99,6 +106,12 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.epochs is not None and not args.epochs > 0:
         raise UsageError(f"--epochs must be > 0, got {args.epochs}")
+    if args.width is not None and args.width < 1:
+        raise UsageError(f"--width must be >= 1, got {args.width}")
+    if args.clusters < 1:
+        raise UsageError(f"--clusters must be >= 1, got {args.clusters}")
+    if not 0 <= args.label_noise < 1:
+        raise UsageError(f"--label-noise must be in [0, 1), got {args.label_noise}")
     if not 0 < args.beta <= 1:
         raise UsageError(f"--beta must be in (0, 1], got {args.beta}")
     if size is not None and args.servers > size:

@@ -64,18 +64,27 @@ def digits(seed=0):
     return Dataset("digits", *_split(x, y, seed), shape=(1, 8, 8), classes=10)
 
 
-def synthetic(samples=20000, features=64, classes=10, seed=0):
-    """A deterministic classification problem of any size: Gaussian class clusters in
-    ``features`` dimensions (a linear teacher plus noise), for scaling runs."""
-    if samples < 2 or features < 1 or classes < 2:
-        raise DataError(f"synthetic: need samples >= 2, features >= 1, classes >= 2 "
-                        f"(got {samples}, {features}, {classes})")
+def synthetic(samples=20000, features=64, classes=10, seed=0, *, clusters=1, label_noise=0.0):
+    """A deterministic classification problem of any size: Gaussian clusters in ``features``
+    dimensions, ``clusters`` per class (with more than one, the classes are not linearly
+    separable: a harder problem that needs the MLP), and a ``label_noise`` fraction of the
+    training labels replaced by random ones (the test labels stay clean)."""
+    if samples < 2 or features < 1 or classes < 2 or clusters < 1:
+        raise DataError(f"synthetic: need samples >= 2, features >= 1, classes >= 2, clusters >= 1 "
+                        f"(got {samples}, {features}, {classes}, {clusters})")
+    if not 0 <= label_noise < 1:
+        raise DataError(f"synthetic: label noise must be in [0, 1), got {label_noise}")
     rng = np.random.default_rng(seed + 12345)
-    centers = rng.standard_normal((classes, features)).astype(np.float32) * 1.5
-    y = rng.integers(0, classes, samples)
-    x = centers[y] + rng.standard_normal((samples, features)).astype(np.float32)
-    return Dataset("synthetic", *_split(x.astype(np.float32), y.astype(np.int64), seed),
+    centers = rng.standard_normal((classes * clusters, features)).astype(np.float32) * 1.5
+    which = rng.integers(0, classes * clusters, samples)
+    y = which % classes
+    x = centers[which] + rng.standard_normal((samples, features)).astype(np.float32)
+    data = Dataset("synthetic", *_split(x.astype(np.float32), y.astype(np.int64), seed),
                    shape=(features,), classes=classes)
+    if label_noise:
+        flip = rng.random(len(data.y_train)) < label_noise
+        data.y_train = np.where(flip, rng.integers(0, classes, len(data.y_train)), data.y_train).astype(np.int64)
+    return data
 
 
 def cifar10(directory):
@@ -137,12 +146,12 @@ def npz(path, seed=0):
                    x_test.astype(np.float32), y_test.astype(np.int64), shape=x_train.shape[1:], classes=classes)
 
 
-def load(name, *, data_dir=None, seed=0, samples=20000, features=64, classes=10):
+def load(name, *, data_dir=None, seed=0, samples=20000, features=64, classes=10, clusters=1, label_noise=0.0):
     """Load by ``--dataset`` value: a name in :data:`NAMES` or a path to a ``.npz`` file."""
     if name == "digits":
         return digits(seed)
     if name == "synthetic":
-        return synthetic(samples, features, classes, seed)
+        return synthetic(samples, features, classes, seed, clusters=clusters, label_noise=label_noise)
     if name == "cifar10":
         return cifar10(data_dir)
     if name.endswith(".npz"):

@@ -67,7 +67,8 @@ class Run:
         else:
             self.device = torch.device("cpu")
         self.data = data_mod.load(args.dataset, data_dir=args.data_dir, seed=args.seed,
-                                  samples=args.samples, features=args.features, classes=args.classes)
+                                  samples=args.samples, features=args.features, classes=args.classes,
+                                  clusters=args.clusters, label_noise=args.label_noise)
         x, y = self.data.shard(self.rank, self.size)
         self.x_train, self.y_train = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
         self.x_test = torch.from_numpy(self.data.x_test).to(self.device)
@@ -83,8 +84,8 @@ class Run:
             self.steps = DEFAULTS["steps"]
         self.eval_every = args.eval_every or max(1, self.steps // 10)
         torch.manual_seed(args.seed)
-        self.model = models.build(args.model, self.data.shape, self.data.classes).to(self.device)
-        self.eval_model = models.build(args.model, self.data.shape, self.data.classes).to(self.device)
+        self.model = models.build(args.model, self.data.shape, self.data.classes, args.width).to(self.device)
+        self.eval_model = models.build(args.model, self.data.shape, self.data.classes, args.width).to(self.device)
         self.algo = self.make_algorithm()
         self.evaluate = Evaluator(self.eval_model, self.x_test, self.y_test, comm=comm, timeout=self.timeout)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=args.momentum,

@@ -80,7 +80,11 @@ class ResNet18(nn.Module):
         return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-def build(name, shape, classes):
+def build(name, shape, classes, width=None):
+    """The model ``name``; ``width``: the MLP's hidden units (default 128) or the CNN's first
+    layer's channels (default 32)."""
+    if width is not None and name in ("mlp", "cnn"):
+        return {"mlp": MLP, "cnn": SmallCNN}[name](shape, classes, width)
     table = {"logreg": LogisticRegression, "mlp": MLP, "cnn": SmallCNN, "resnet18": ResNet18}
     if name not in table:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(NAMES)}")

@@ -99,6 +99,24 @@ def test_chunked_average_is_exact(chunk_bytes):
     np.testing.assert_array_equal(x, np.arange(1001) * (c.size + 1) / 2.0)
 
 
+@pytest.mark.mpi(min_size=1)
+def test_default_chunks_follow_the_transport():
+    """4 MiB chunks when every rank shares one node (in-cache scaling), the whole buffer when
+    the ranks span nodes (each chunk would cost the network's latency rounds again)."""
+    from mpi4py import MPI
+    c = comm()
+    shared = c.Split_type(MPI.COMM_TYPE_SHARED)
+    one_node = c.allreduce(shared.Get_size() == c.size, op=MPI.LAND)
+    shared.Free()
+    x = (np.arange(3 << 20) % 1000 * (c.rank + 1)).astype(np.float32)  # 12 MB: 3 chunks on one node
+    with mg.AllreduceAverager(x, comm=c) as avg:
+        assert avg.chunk_bytes == (4 << 20 if one_node else x.nbytes)
+        avg.average()
+    np.testing.assert_array_equal(x, (np.arange(3 << 20) % 1000 * (c.size + 1) / 2.0).astype(np.float32))
+    with mg.AllreduceAverager(x, comm=c, chunk_bytes=1000) as avg:
+        assert avg.chunk_bytes == 1000
+
+
 @pytest.mark.mpi(min_size=2)
 def test_chunk_bytes_must_agree_and_be_positive_on_every_rank():
     """Different chunk sizes would pair chunks of different lengths in Allreduce."""

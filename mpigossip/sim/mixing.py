@@ -1,4 +1,4 @@
-"""A simulator of many virtual nodes in one process, without MPI: the package's topologies
+"""Mixing rounds on many virtual ranks in one process, without MPI: the package's topologies
 and kernels applied to a ``(p, n)`` array, one row per virtual rank.
 
 Each mixing round calls :func:`mpigossip.kernels.weighted_sum` with the same operands, in
@@ -10,8 +10,8 @@ to show how consensus error scales with the graph and p.
 
 import numpy as np
 
-from . import kernels
-from . import topology as topo_mod
+from .. import kernels
+from .. import topology as topo_mod
 
 
 def _rows(x):

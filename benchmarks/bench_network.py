@@ -1,0 +1,119 @@
+"""Network benchmark: the communicators against raw MPI on the same bytes along the same
+edges, and the fraction of the link's bandwidth each achieves. Meant for ranks on several
+nodes (the emulated cluster: ``benchmarks/network.sh`` runs it at 4 and 8 ranks).
+
+    mpiexec -n 4 python benchmarks/bench_network.py [--sizes-mb 4 16] [--repeats 9] [--rate-gbit 1]
+        [--label NAME] [--parts p1 p2] [--out FILE]
+
+* P1 ``AllreduceAverager.average`` / raw ``Allreduce`` (``MPI.IN_PLACE``) under the launch's
+  Allreduce algorithm (``--label`` names it: ``network.sh`` launches once per Open MPI tuned
+  algorithm and reports the best raw one);
+* P2 ``PushSum.step`` / raw ``Isend`` + ``Irecv`` of the same buffer to the same peers, step
+  for step (exponential graph, one peer).
+
+Link limit: the bytes the busiest node link must carry in one direction divided by the
+rate: ``2 (N-1)/N x S`` for an Allreduce over N nodes (each node's data must leave and the
+result come back), and for PushSum the most bytes any node sends or receives across nodes
+in a step (ranks on the same node talk through shared memory), averaged over the graph's
+period. ``link`` = limit / measured time: 1.0 = the wire is full.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import mpigossip as mg
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import side_by_side  # noqa: E402
+
+
+def node_map(comm):
+    """The node index of every rank (by host name, in order of first appearance)."""
+    names = comm.allgather(MPI.Get_processor_name())
+    order = list(dict.fromkeys(names))
+    return [order.index(n) for n in names], len(order)
+
+
+def pushsum_link_bytes(topology, nodes, steps):
+    """Mean over ``steps`` of the most bytes (in buffers) any node sends or receives across
+    nodes in one PushSum step."""
+    worst = []
+    for k in range(steps):
+        out = [0] * (max(nodes) + 1)
+        inn = [0] * (max(nodes) + 1)
+        for r in range(len(nodes)):
+            for d in topology.out_peers(r, k):
+                if nodes[d] != nodes[r]:
+                    out[nodes[r]] += 1
+                    inn[nodes[d]] += 1
+        worst.append(max(out + inn))
+    return float(np.mean(worst))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[4, 16])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--rate-gbit", type=float, default=1.0, help="each node's link rate (default: 1)")
+    parser.add_argument("--label", default="default", help="the Allreduce algorithm of this launch")
+    parser.add_argument("--parts", nargs="+", default=["p1", "p2"], choices=["p1", "p2"])
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    nodes, n_nodes = node_map(comm)
+    rate = args.rate_gbit * 1e9 / 8  # bytes per second
+    rows = []
+    for mb in args.sizes_mb:
+        n = int(mb * 2 ** 20) // 4
+        nbytes = n * 4
+        x = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+        raw = x.copy()
+
+        def allreduce():
+            comm.Allreduce(MPI.IN_PLACE, raw, MPI.SUM)
+
+        if "p1" in args.parts:
+            with mg.AllreduceAverager(x, comm=comm) as avg:
+                row = side_by_side(comm, "P1 AllreduceAverager.average / Allreduce", mb, avg.average, allreduce,
+                                   args.repeats, algorithm=args.label, nodes=n_nodes)
+            limit = 2 * (n_nodes - 1) / n_nodes * nbytes / rate if n_nodes > 1 else 0.0
+            rows.append(dict(row, limit_ms=limit * 1e3, link_ours=limit * 1e3 / row["ours_ms"],
+                             link_other=limit * 1e3 / row["other_ms"]))
+
+        if size > 1 and "p2" in args.parts:
+            with mg.PushSum(x, comm=comm, topology=mg.topology.ExponentialGraph(peers=1)) as ps:
+                bound = ps.topology
+                recv = np.empty_like(raw)
+                step = [0]
+
+                def exchange():  # the messages PushSum.step sends (and its weight), no arithmetic
+                    k = step[0]
+                    step[0] += 1
+                    reqs = [comm.Irecv(recv, source=s, tag=7) for s in bound.in_peers(rank, k)]
+                    reqs += [comm.Isend(raw, dest=d, tag=7) for d in bound.out_peers(rank, k)]
+                    MPI.Request.Waitall(reqs)
+
+                row = side_by_side(comm, "P2 PushSum.step / Isend+Irecv", mb, ps.step, exchange, args.repeats,
+                                   algorithm=args.label, nodes=n_nodes)
+                period = max(1, (size - 1).bit_length())
+                limit = pushsum_link_bytes(bound, nodes, period) * nbytes / rate
+                rows.append(dict(row, limit_ms=limit * 1e3, link_ours=limit * 1e3 / row["ours_ms"],
+                                 link_other=limit * 1e3 / row["other_ms"]))
+    if rank == 0:
+        for r in rows:
+            print(f"{r['what']:<42} {r['mb']:>4g} MB {r['ranks']} ranks/{r['nodes']} nodes [{r['algorithm']}]: "
+                  f"ours {r['ours_ms']:.1f} ms, raw {r['other_ms']:.1f} ms, ratio {r['ratio']:.3f} "
+                  f"({r['q1']:.2f}-{r['q3']:.2f}), link {r['link_ours']:.2f} / {r['link_other']:.2f}", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

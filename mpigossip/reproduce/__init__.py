@@ -1,0 +1,72 @@
+"""``python -m mpigossip reproduce``: run the experiments that test the papers' findings and
+write a report (markdown + PNG) with a computed verdict for each.
+
+Not an MPI program itself: it launches ``python -m mpigossip compare`` jobs (each one MPI
+job, :mod:`.experiments`), runs the simulator (:mod:`.simulate`), judges the findings
+(:mod:`.findings`) and writes ``OUT/report.md`` and its figures (:mod:`.report`); the
+raw records go to ``OUT/results.json`` and the jobs' output to ``OUT/jobs.log``.
+"""
+
+import json
+import os
+import shlex
+import sys
+import time
+
+
+def main(args):
+    from . import experiments, findings, report, simulate
+
+    setting = experiments.SETTINGS["quick" if args.quick else "default"]
+    os.makedirs(args.out, exist_ok=True)
+    mpiexec = shlex.split(args.mpiexec) if args.mpiexec else experiments.default_mpiexec()
+    timed_mpiexec = shlex.split(args.timed_mpiexec) if args.timed_mpiexec else mpiexec
+    t0 = time.perf_counter()
+
+    def progress(message):
+        print(f"[{time.perf_counter() - t0:6.0f} s] {message}", flush=True)
+
+    timed_error = None
+    with open(os.path.join(args.out, "jobs.log"), "w") as log:
+        try:
+            records = experiments.accuracy_runs(experiments.Launcher(mpiexec, log, timeout=args.timeout),
+                                                args.out, setting, args.quick, progress)
+        except RuntimeError as exc:
+            print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
+            return 1
+        try:
+            timed = experiments.timed_runs(experiments.Launcher(timed_mpiexec, log, timeout=args.timeout),
+                                           args.out, setting, progress)
+        except RuntimeError as exc:  # the report is still written, without them; exit status 1
+            timed, timed_error = [], str(exc)
+            print(f"python -m mpigossip reproduce: error: {exc}; the report has no timed runs",
+                  file=sys.stderr, flush=True)
+    progress("simulator: consensus curves")
+    curves = simulate.consensus_curves(setting["consensus_size"], setting["consensus_steps"])
+    sim_records = simulate.sgd_scaling(setting["sim_sizes"], setting["sim_steps"], setting["sim_seeds"], progress)
+    judged = findings.judge(records, timed, sim_records, timed_on_cluster=bool(args.timed_mpiexec))
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"accuracy_runs": records, "timed_runs": timed, "simulator": sim_records,
+                   "consensus_curves": curves}, f)
+    minutes = (time.perf_counter() - t0) / 60
+    header = [f"Made by `{' '.join(['python -m mpigossip reproduce'] + sys.argv[2:])}` on "
+              f"{time.strftime('%Y-%m-%d %H:%M')} in {minutes:.1f} min ({'quick' if args.quick else 'default'} mode).",
+              "",
+              f"- accuracy runs: `{shlex.join(mpiexec)}`, p = {', '.join(map(str, setting['sizes']))}, "
+              f"{len(setting['seeds'])} seed(s), {setting['steps']} steps, step sizes "
+              f"{', '.join(map(str, setting['lrs']))}, SGD with momentum 0.9, batch 32 per rank; problem: "
+              f"`{' '.join(experiments.PROBLEM)}` (10 classes of 8 Gaussian clusters, 20% noisy training labels)",
+              f"- timed runs: `{shlex.join(timed_mpiexec)}`, {setting['timed_size']} ranks, MLP width "
+              f"{setting['timed_width']}, lr {experiments.TIMED_LR}, {setting['timed_steps']} steps"
+              + ("" if args.timed_mpiexec else " (on this machine: communication is nearly free here)"),
+              f"- simulator: softmax regression on the same data, plain SGD, batch 16, {setting['sim_steps']} steps, "
+              f"lr {', '.join(map(str, simulate.SIM_LRS))}",
+              "- verdicts: computed by the rule stated under each finding (mpigossip/reproduce/findings.py)"]
+    if timed_error:
+        header.append(f"- **the timed runs failed**: {timed_error}")
+    path = report.write(args.out, findings=judged, records=records, timed=timed, sim_records=sim_records,
+                        curves=curves, consensus_p=setting["consensus_size"], header=header)
+    progress(f"wrote {path}")
+    for f in judged:
+        print(f"  ({f.key}) {f.verdict}: {f.claim}")
+    return 1 if timed_error else 0

@@ -1,0 +1,45 @@
+"""The simulator's part of ``reproduce`` (no MPI): consensus error per graph at p = 1024,
+and SGD with each averaging scheme on a convex problem as p grows (finding (d) beyond 16)."""
+
+from .. import sim
+from .. import topology as topo_mod
+from ..train import data as data_mod
+
+#: Graphs whose consensus curves are drawn ("complete" is exact in one step and costs p^2).
+GRAPHS = ("exponential", "alternating", "npeer", "bipartite", "ring", "random", "undirected-ring",
+          "undirected-exponential", "torus", "paired")
+#: Step sizes of the simulated SGD (plain SGD on softmax regression): small and large.
+SIM_LRS = (0.05, 1.0)
+
+
+def consensus_curves(p, steps):
+    """{graph: relative consensus error after each step} for PushSum's de-biased models."""
+    out = {}
+    for name in GRAPHS:
+        try:
+            graph = topo_mod.make(name, peers=2 if name == "npeer" else 1, seed=0)
+            graph.bind(p)
+        except ValueError:
+            continue  # a graph that does not exist at this p (e.g. a torus needs a factorisation)
+        out[name] = sim.consensus_curve(graph, p, steps)
+    return out
+
+
+def problem(seed):
+    """The accuracy runs' data (:data:`.experiments.PROBLEM`) as a convex softmax regression."""
+    d = data_mod.synthetic(10000, 12, 10, seed, clusters=8, label_noise=0.2)
+    return sim.SoftmaxRegression(d.x_train, d.y_train, d.classes, x_test=d.x_test, y_test=d.y_test)
+
+
+def sgd_scaling(sizes, steps, seeds, progress):
+    """Every scheme x p x step size x seed; returns the runs' records (lists, JSON-ready)."""
+    records = []
+    for seed in seeds:
+        prob = problem(seed)
+        for p in sizes:
+            progress(f"simulator: SGD at p = {p}, seed {seed}")
+            for lr in SIM_LRS:
+                for scheme in sim.SCHEMES:
+                    r = sim.run_sgd(prob, scheme, p, steps=steps, lr=lr, batch=16, seed=seed)
+                    records.append({**r, "seed": seed})
+    return records

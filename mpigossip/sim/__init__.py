@@ -1,0 +1,14 @@
+"""A simulator of many virtual ranks in one process, without MPI: a user of the package's
+topologies and kernels, beside the communicators (which do not know it exists).
+
+* :mod:`.mixing`: PushSum and gossip-push rounds on a ``(p, n)`` array, bit for bit what
+  real ranks compute; consensus error curves to p = 1024.
+* :mod:`.sgd`: SGD on a convex problem with each averaging scheme (AllReduce, SGP, gossip
+  push/pull, EASGD with a center), to see how error and accuracy scale with p.
+"""
+
+from .mixing import GossipPushSim, PushSumSim, consensus_curve, consensus_error
+from .sgd import SCHEMES, SoftmaxRegression, elastic_round, pull_round, run_sgd
+
+__all__ = ["PushSumSim", "GossipPushSim", "consensus_error", "consensus_curve", "SoftmaxRegression", "run_sgd",
+           "SCHEMES", "elastic_round", "pull_round"]

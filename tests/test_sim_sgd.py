@@ -1,0 +1,91 @@
+"""The simulator's SGD: the elastic round conserves mass, gossip pull averages pairs, every
+scheme minimises the convex problem, and AllReduce is plain SGD on the pooled batch."""
+
+import numpy as np
+import pytest
+
+from mpigossip import sim
+from mpigossip import topology as T
+
+
+def _problem(seed=0, n=600, d=5, classes=3):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    x = rng.standard_normal((classes, d))[y] * 2 + rng.standard_normal((n, d))
+    return sim.SoftmaxRegression(x, y, classes)
+
+
+def test_gradient_matches_finite_differences():
+    prob = _problem()
+    w = np.random.default_rng(1).standard_normal(prob.size) * 0.1
+    batch = np.arange(len(prob.y))[None, :]
+    g = prob.gradients(w[None, :], batch)[0]
+    eps = 1e-6
+    for j in (0, 3, prob.size - 1):
+        e = np.zeros(prob.size)
+        e[j] = eps
+        assert g[j] == pytest.approx((prob.loss(w + e) - prob.loss(w - e)) / (2 * eps), rel=1e-5, abs=1e-8)
+
+
+@pytest.mark.parametrize("p", [1, 4, 33])
+def test_elastic_round_conserves_the_sum_and_moves_toward_the_center(p):
+    rng = np.random.default_rng(p)
+    x, center = rng.standard_normal((p, 7)), rng.standard_normal(7)
+    before_x, before_c = x.copy(), center.copy()
+    sim.elastic_round(x, center, 0.9)
+    np.testing.assert_allclose(x.sum(axis=0) + center, before_x.sum(axis=0) + before_c, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(x, before_x - 0.9 / p * (before_x - before_c), rtol=1e-12)
+
+
+def test_pull_round_averages_each_row_with_its_target_old_value():
+    p = 9
+    g = T.RandomPeers(peers=1, seed=3, allow_self=True).bind(p)
+    x = np.random.default_rng(0).standard_normal((p, 4))
+    old = x.copy()
+    sim.pull_round(x, g, 5)
+    for i in range(p):
+        (t,) = g.out_peers(i, 5)
+        np.testing.assert_array_equal(x[i], (old[i] + old[t]) / 2)
+
+
+def test_allreduce_is_sgd_on_the_pooled_batch():
+    prob, p, lr = _problem(), 4, 0.3
+    r = sim.run_sgd(prob, "allreduce", p, steps=3, lr=lr, batch=8, seed=5, eval_every=3)
+    rng, w = np.random.default_rng(5), np.zeros(prob.size)
+    for _ in range(3):
+        b = rng.integers(0, len(prob.y), (p, 8)).reshape(1, -1)
+        w = w - lr * prob.gradients(w[None, :], b)[0]
+    assert r["loss"][-1] == prob.loss(w) and r["consensus"][-1] == 0.0
+
+
+@pytest.mark.parametrize("scheme", sim.SCHEMES)
+def test_every_scheme_minimises_the_convex_problem(scheme):
+    prob = _problem()
+    r = sim.run_sgd(prob, scheme, 8, steps=150, lr=0.1, batch=8, seed=1)
+    ref = sim.run_sgd(prob, "allreduce", 8, steps=150, lr=0.1, batch=8, seed=1)
+    assert r["loss"][-1] < 0.5 * r["loss"][0]
+    assert r["loss"][-1] == pytest.approx(ref["loss"][-1], rel=0.1)  # all near the same minimum at a small step
+    assert r["steps"][0] == 0 and r["steps"][-1] == 150 and len(r["loss"]) == len(r["consensus"])
+    if scheme != "allreduce":
+        assert r["consensus"][-1] > 0  # independent batches: the ranks' models differ
+
+
+def test_sgp_at_p8_stays_close_to_consensus_on_the_exponential_graph():
+    prob = _problem()
+    r = sim.run_sgd(prob, "sgp", 8, steps=100, lr=0.05, batch=8, seed=2)
+    g = sim.run_sgd(prob, "gossip-push", 8, steps=100, lr=0.05, batch=8, seed=2)
+    assert r["consensus"][-1] < g["consensus"][-1]  # exact averaging after 3 steps vs random pushes
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"scheme": "ring"}, "scheme"), ({"p": 0}, "p must"), ({"steps": 1.5}, "steps must"),
+    ({"lr": 0.0}, "lr must"), ({"beta": 1.5}, "beta must"), ({"tau": True}, "tau must")])
+def test_run_sgd_rejects_bad_arguments(kwargs, message):
+    args = {"scheme": "sgp", "p": 4, "steps": 2, "lr": 0.1, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        sim.run_sgd(_problem(), args.pop("scheme"), args.pop("p"), **args)
+
+
+def test_problem_rejects_bad_labels():
+    with pytest.raises(ValueError, match="labels"):
+        sim.SoftmaxRegression(np.zeros((3, 2)), [0, 1, 5], 3)
