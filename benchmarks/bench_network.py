@@ -9,7 +9,15 @@ nodes (the emulated cluster: ``benchmarks/network.sh`` runs it at 4 and 8 ranks)
   Allreduce algorithm (``--label`` names it: ``network.sh`` launches once per Open MPI tuned
   algorithm and reports the best raw one);
 * P2 ``PushSum.step`` / raw ``Isend`` + ``Irecv`` of the same buffer to the same peers, step
-  for step (exponential graph, one peer).
+  for step (exponential graph, one peer);
+* P3 a training step through the torch wrappers, SGP / AllReduce, same model (one square
+  ``nn.Linear`` of S bytes, batch 8), timed side by side in blocks of ``--p3-steps`` steps;
+* P4 a straggler: every step sleeps ``--compute-ms`` (rank 1: twice that) before a tiny
+  forward/backward, then the algorithm's step. Throughput = the sum over ranks of steps per
+  second of each rank's own run (an asynchronous rank is not held back by a slow one); the
+  figure is throughput with the straggler / without, for AllReduce, SGP, OSGP, gossip-pull
+  and EASGD. Modelling compute as a sleep keeps the ranks from competing for cores, so the
+  straggler does not free CPU for the others.
 
 Link limit: the bytes the busiest node link must carry in one direction divided by the
 rate: ``2 (N-1)/N x S`` for an Allreduce over N nodes (each node's data must leave and the
@@ -22,6 +30,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -61,7 +70,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--rate-gbit", type=float, default=1.0, help="each node's link rate (default: 1)")
     parser.add_argument("--label", default="default", help="the Allreduce algorithm of this launch")
-    parser.add_argument("--parts", nargs="+", default=["p1", "p2"], choices=["p1", "p2"])
+    parser.add_argument("--parts", nargs="+", default=["p1", "p2"], choices=["p1", "p2", "p3", "p4"])
+    parser.add_argument("--p3-steps", type=int, default=3, help="P3: training steps per timed block (3)")
+    parser.add_argument("--compute-ms", type=float, default=100.0, help="P4: one step's computation, ms (100)")
+    parser.add_argument("--p4-steps", type=int, default=30, help="P4: steps per run (30)")
+    parser.add_argument("--p4-algorithms", nargs="+",
+                        default=["allreduce", "sgp", "osgp", "osgp:4", "gossip-pull", "easgd"],
+                        help="P4 algorithms; osgp:D = OSGP with max_delay D (default max_delay 1)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
@@ -105,14 +120,94 @@ def main():
                 limit = pushsum_link_bytes(bound, nodes, period) * nbytes / rate
                 rows.append(dict(row, limit_ms=limit * 1e3, link_ours=limit * 1e3 / row["ours_ms"],
                                  link_other=limit * 1e3 / row["other_ms"]))
+    if "p3" in args.parts or "p4" in args.parts:
+        rows += training_rows(comm, args, n_nodes)
     if rank == 0:
         for r in rows:
+            if "keep" in r:
+                print(f"{r['what']:<42} {r['mb']:>4g} MB {r['ranks']} ranks/{r['nodes']} nodes: "
+                      f"{r['algorithm']}: {r['steps_per_s']:.2f} -> {r['steps_per_s_straggler']:.2f} steps/s, "
+                      f"keeps {r['keep']:.3f}", flush=True)
+                continue
             print(f"{r['what']:<42} {r['mb']:>4g} MB {r['ranks']} ranks/{r['nodes']} nodes [{r['algorithm']}]: "
                   f"ours {r['ours_ms']:.1f} ms, raw {r['other_ms']:.1f} ms, ratio {r['ratio']:.3f} "
-                  f"({r['q1']:.2f}-{r['q3']:.2f}), link {r['link_ours']:.2f} / {r['link_other']:.2f}", flush=True)
+                  f"({r['q1']:.2f}-{r['q3']:.2f})" + (f", link {r['link_ours']:.2f} / {r['link_other']:.2f}"
+                                                   if "link_ours" in r else ""), flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(rows, f, indent=2)
+
+
+def _model(mb, seed):
+    """One square ``nn.Linear`` with about ``mb`` MB of float32 weights (no bias)."""
+    import torch
+    k = max(2, int((mb * 2 ** 20 / 4) ** 0.5))
+    torch.manual_seed(seed)
+    return torch.nn.Linear(k, k, bias=False), k
+
+
+def _trainer(name, mb, comm, seed=0, **options):
+    """(step function, algorithm) of one torch wrapper over a fresh model."""
+    import torch
+    import mpigossip.torch as mgt
+    model, k = _model(mb, seed)
+    algo = mgt.make(name, model, comm=comm, **options)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(8, k)
+
+    def step(sleep_s=0.0):
+        if sleep_s:
+            time.sleep(sleep_s)
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        algo.step()
+    return step, algo
+
+
+def _own_rate(comm, step, steps, sleep_s):
+    """Steps per second of this rank's own run of ``steps`` steps (after 2 warm-up steps)."""
+    for _ in range(2):
+        step(sleep_s)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step(sleep_s)
+    return steps / (time.perf_counter() - t0)
+
+
+def training_rows(comm, args, n_nodes):
+    """P3 and P4 rows (torch wrappers)."""
+    rows = []
+    for mb in args.sizes_mb:
+        if "p3" in args.parts and comm.size > 1:
+            sgp_step, sgp = _trainer("sgp", mb, comm)
+            ar_step, ar = _trainer("allreduce", mb, comm)
+            k = args.p3_steps
+            row = side_by_side(comm, "P3 SGP step / AllReduce step (torch)", mb,
+                               lambda: [sgp_step() for _ in range(k)], lambda: [ar_step() for _ in range(k)],
+                               args.repeats, algorithm="torch wrappers", nodes=n_nodes)
+            rows.append(dict(row, ours_ms=row["ours_ms"] / k, other_ms=row["other_ms"] / k))
+            sgp.free()
+            ar.free()
+        if "p4" in args.parts and comm.size > 1:
+            for label in args.p4_algorithms:
+                name, _, delay = label.partition(":")
+                options = {"max_delay": int(delay or 1)} if name == "osgp" else {}
+                rates = []
+                for slow in (1.0, 2.0):
+                    factor = slow if comm.rank == 1 else 1.0
+                    step, algo = _trainer(name, mb, comm, **options)
+                    own = _own_rate(comm, step, args.p4_steps, factor * args.compute_ms / 1e3)
+                    algo.drain()
+                    algo.free()
+                    rates.append(comm.allreduce(own))
+                rows.append({"what": "P4 straggler throughput (rank 1 2x slow)", "mb": mb, "ranks": comm.size,
+                             "nodes": n_nodes, "algorithm": label, "compute_ms": args.compute_ms,
+                             "steps_per_s": rates[0], "steps_per_s_straggler": rates[1],
+                             "keep": rates[1] / rates[0]})
+    return rows
 
 
 if __name__ == "__main__":

@@ -79,6 +79,12 @@ def test_straggler_rule():
     f = F.Finding("e", "", "", "")
     assert F.timing_checks(f, timed) == [(True, True)]
     assert "osgp keeps 0.91" in f.rows[-1][1]
+    osgp_slow = timed[:3] + [run("osgp", 4, 0.3, 0, 1.0, ms=18, case="straggler")]
+    assert F.timing_checks(F.Finding("e", "", "", ""), osgp_slow) == [(False, False)]
+    # a straggler that hardly slows AllReduce tests nothing: not judged
+    mild = [dict(r, time_per_step_s=0.0105) if r["case"] == "straggler" else r for r in timed]
+    g = F.Finding("e", "", "", "")
+    assert F.timing_checks(g, mild) == [] and "not judged" in g.rows[-1][-1]
 
 
 def test_reproduce_reports_a_failed_job(tmp_path):

@@ -19,6 +19,9 @@ ACCURACY_POINTS = 0.01
 #: (e): OSGP "tolerates slow nodes" when it keeps this fraction of its throughput with one
 #: rank 2x slow (issue #11's target) and more than AllReduce keeps.
 STRAGGLER_KEEP = 0.85
+#: ... judged only when the straggler costs AllReduce at least a quarter of its throughput
+#: (else the steps are dominated by communication and the case tests nothing).
+STRAGGLER_MEANINGFUL = 0.75
 
 
 def auc(curve):
@@ -242,7 +245,8 @@ def sgp(records, timed, timed_on_cluster):
                 "AllReduce's at each p; consensus: SGP's final consensus distance at most gossip-push's (same "
                 "number of messages) at each p and step size; timing (only on a cluster, where communication "
                 "counts): SGP's time per step and time to the target accuracy below AllReduce's, OSGP keeps "
-                f">= {STRAGGLER_KEEP} of its throughput with one rank 2x slow and more than AllReduce keeps. "
+                f">= {STRAGGLER_KEEP} of its throughput with one rank 2x slow and more than AllReduce keeps (judged only if "
+                f"AllReduce keeps <= {STRAGGLER_MEANINGFUL}). "
                 "All hold: reproduced; none: not reproduced; else partly.",
                 header=("setting", "AllReduce / first", "SGP / second", "comparison"))
     checks = []
@@ -315,10 +319,15 @@ def timing_checks(f, timed):
         if a and b:
             keep[name] = a["time_per_step_s"] / b["time_per_step_s"]
     if "osgp" in keep and "allreduce" in keep:
-        ok = keep["osgp"] >= STRAGGLER_KEEP and keep["osgp"] > keep["allreduce"]
-        checks.append((ok, ok))
-        f.row("straggler (rank 1 2x slow)", ", ".join(f"{k} keeps {v:.2f}" for k, v in keep.items()), "",
-              "OSGP tolerates it" if ok else "OSGP does not tolerate it")
+        kept = ", ".join(f"{k} keeps {v:.2f}" for k, v in keep.items())
+        if keep["allreduce"] > STRAGGLER_MEANINGFUL:
+            f.row("straggler (rank 1 2x slow)", kept, "", "not judged: it hardly slowed AllReduce")
+            f.notes.append(f"the straggler cost AllReduce less than {1 - STRAGGLER_MEANINGFUL:.0%} of its throughput "
+                           "(communication dominates these steps), so it tests no tolerance: not judged")
+        else:
+            ok = keep["osgp"] >= STRAGGLER_KEEP and keep["osgp"] > keep["allreduce"]
+            checks.append((ok, ok))
+            f.row("straggler (rank 1 2x slow)", kept, "", "OSGP tolerates it" if ok else "OSGP does not tolerate it")
     return checks
 
 

@@ -149,8 +149,8 @@ class Run:
             deadline.abort(self.comm, f"train: loss is {loss_value} at step {step} with {self.algorithm}, "
                            f"lr={self.lr} (learning rate too large?)", errorcode=3)
         t1 = time.perf_counter()
-        if self.straggle > 1:
-            time.sleep((self.straggle - 1) * (t1 - t0))
+        if self.straggle > 1:  # the computation only: not the gradient AllReduce's waits inside it
+            time.sleep((self.straggle - 1) * max(0.0, t1 - t0 - (deadline.waited_seconds() - w0)))
         if args.delay_prob and self.slow_rng.random() < args.delay_prob:
             time.sleep(args.delay_ms / 1e3)
         t2 = time.perf_counter()
