@@ -68,6 +68,8 @@ def build_parser():
     rep.add_argument("--timed-mpiexec", help="launcher of the timed runs, on a cluster where communication "
                      "counts, e.g. 'tests/cluster/mpiexec --map-by node' (default: as --mpiexec; their timing "
                      "is then reported but not judged)")
+    rep.add_argument("--data-dir", help="CIFAR-10's python batches: run the experiments on CIFAR-10 with the small "
+                     "CNN instead of the synthetic problem (needs a cluster's compute)")
     rep.add_argument("--timeout", type=float, default=1800, help="seconds one MPI job may take (default: 1800)")
     return parser, commands
 

@@ -87,6 +87,18 @@ def test_straggler_rule():
     assert F.timing_checks(g, mild) == [] and "not judged" in g.rows[-1][-1]
 
 
+def test_problem_flags_synthetic_or_cifar(tmp_path):
+    from mpigossip.reproduce import experiments as E
+    from mpigossip.train import cli
+    from mpigossip.__main__ import parse
+    assert E.problem() == E.PROBLEM
+    cifar = E.problem(str(tmp_path))
+    assert cifar == ("--dataset", "cifar10", "--data-dir", str(tmp_path), "--model", "cnn")
+    for flags in (E.PROBLEM, cifar):  # both are valid compare command lines
+        args = parse(["compare", "--algorithms", "sgp", "--lrs", "0.1", *flags])
+        cli.check_arguments(args, ["sgp"], [0.1], 4)
+
+
 def test_reproduce_reports_a_failed_job(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpigossip", "reproduce", "--quick", "--out", str(tmp_path),
                         "--mpiexec", "false"], capture_output=True, text=True, timeout=120, cwd=ROOT)

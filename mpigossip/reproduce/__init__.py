@@ -21,6 +21,7 @@ def main(args):
     os.makedirs(args.out, exist_ok=True)
     mpiexec = shlex.split(args.mpiexec) if args.mpiexec else experiments.default_mpiexec()
     timed_mpiexec = shlex.split(args.timed_mpiexec) if args.timed_mpiexec else mpiexec
+    flags = experiments.problem(args.data_dir)
     t0 = time.perf_counter()
 
     def progress(message):
@@ -30,13 +31,13 @@ def main(args):
     with open(os.path.join(args.out, "jobs.log"), "w") as log:
         try:
             records = experiments.accuracy_runs(experiments.Launcher(mpiexec, log, timeout=args.timeout),
-                                                args.out, setting, args.quick, progress)
+                                                args.out, setting, args.quick, progress, flags)
         except RuntimeError as exc:
             print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
             return 1
         try:
             timed = experiments.timed_runs(experiments.Launcher(timed_mpiexec, log, timeout=args.timeout),
-                                           args.out, setting, progress)
+                                           args.out, setting, progress, flags)
         except RuntimeError as exc:  # the report is still written, without them; exit status 1
             timed, timed_error = [], str(exc)
             print(f"python -m mpigossip reproduce: error: {exc}; the report has no timed runs",
@@ -55,11 +56,13 @@ def main(args):
               f"- accuracy runs: `{shlex.join(mpiexec)}`, p = {', '.join(map(str, setting['sizes']))}, "
               f"{len(setting['seeds'])} seed(s), {setting['steps']} steps, step sizes "
               f"{', '.join(map(str, setting['lrs']))}, SGD with momentum 0.9, batch 32 per rank; problem: "
-              f"`{' '.join(experiments.PROBLEM)}` (10 classes of 8 Gaussian clusters, 20% noisy training labels)",
-              f"- timed runs: `{shlex.join(timed_mpiexec)}`, {setting['timed_size']} ranks, MLP width "
-              f"{setting['timed_width']}, lr {experiments.TIMED_LR}, {setting['timed_steps']} steps"
+              f"`{' '.join(flags)}`" + ("" if args.data_dir else
+                                         " (10 classes of 8 Gaussian clusters, 20% noisy training labels)"),
+              f"- timed runs: `{shlex.join(timed_mpiexec)}`, {setting['timed_size']} ranks, "
+              + ("CNN width 64" if args.data_dir else f"MLP width {setting['timed_width']}")
+              + f", lr {experiments.TIMED_LR}, {setting['timed_steps']} steps"
               + ("" if args.timed_mpiexec else " (on this machine: communication is nearly free here)"),
-              f"- simulator: softmax regression on the same data, plain SGD, batch 16, {setting['sim_steps']} steps, "
+              f"- simulator: softmax regression on the synthetic data, plain SGD, batch 16, {setting['sim_steps']} steps, "
               f"lr {', '.join(map(str, simulate.SIM_LRS))}",
               "- verdicts: computed by the rule stated under each finding (mpigossip/reproduce/findings.py)"]
     if timed_error:

@@ -20,6 +20,14 @@ import time
 PROBLEM = ("--dataset", "synthetic", "--samples", "10000", "--features", "12", "--classes", "10",
            "--clusters", "8", "--label-noise", "0.2", "--model", "mlp")
 
+
+def problem(data_dir=None):
+    """The training flags of every run: :data:`PROBLEM`, or CIFAR-10 from ``data_dir`` with
+    the small CNN (for a user with the data and the compute; hours on 2 cores)."""
+    if data_dir:
+        return ("--dataset", "cifar10", "--data-dir", os.path.abspath(data_dir), "--model", "cnn")
+    return PROBLEM
+
 #: The methods of Jin et al. (AllReduce, EASGD, gossip) and SGP (Assran et al.); OSGP's
 #: claim is about slow nodes: it runs in the timed runs.
 ALGORITHMS = ("allreduce", "easgd", "gossip-pull", "gossip-push", "sgp")
@@ -121,7 +129,7 @@ def run_dir(out, algorithm, lr):
     return os.path.join(out, f"{algorithm}-lr{lr:g}")
 
 
-def accuracy_runs(launcher, root, setting, quick, progress):
+def accuracy_runs(launcher, root, setting, quick, progress, flags=PROBLEM):
     """The step-size x world-size x seed grid; returns a list of run records."""
     records = []
     for size in setting["sizes"]:
@@ -132,16 +140,17 @@ def accuracy_runs(launcher, root, setting, quick, progress):
             out = os.path.join(root, "runs", f"p{size}-seed{seed}")
             progress(f"p = {size}, seed {seed}: {len(algorithms)} algorithms x {len(lrs)} step sizes")
             for s in launcher.compare(size, out, algorithms, lrs, setting["steps"],
-                                      extra=PROBLEM + ("--seed", str(seed))):
+                                      extra=tuple(flags) + ("--seed", str(seed))):
                 records.append({**_record(s), "seed": seed,
                                 "curve": load_curve(run_dir(out, s["algorithm"], s["lr"]))})
     return records
 
 
-def timed_runs(launcher, root, setting, progress):
+def timed_runs(launcher, root, setting, progress, flags=PROBLEM):
     """Wall-time runs (meant for the emulated or a real cluster), with and without a straggler."""
     size, steps = setting["timed_size"], setting["timed_steps"]
-    extra = PROBLEM + ("--width", str(setting["timed_width"]), "--seed", "0")
+    width = setting["timed_width"] if "mlp" in flags else 64  # the CNN's width: its first layer's channels
+    extra = tuple(flags) + ("--width", str(width), "--seed", "0")
     records = []
     for label, algorithms, more in (("normal", TIMED_ALGORITHMS, ()),
                                     ("straggler", STRAGGLER_ALGORITHMS, ("--straggler", "1:2"))):

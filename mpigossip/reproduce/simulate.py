@@ -26,7 +26,7 @@ def consensus_curves(p, steps):
 
 
 def problem(seed):
-    """The accuracy runs' data (:data:`.experiments.PROBLEM`) as a convex softmax regression."""
+    """The synthetic accuracy runs' data (:data:`.experiments.PROBLEM`) as a convex softmax regression."""
     d = data_mod.synthetic(10000, 12, 10, seed, clusters=8, label_noise=0.2)
     return sim.SoftmaxRegression(d.x_train, d.y_train, d.classes, x_test=d.x_test, y_test=d.y_test)
 
