@@ -29,10 +29,20 @@ trap 'link 3 up; [ -n "${KEEP_LOG:-}" ] && cp "$LOG" "$KEEP_LOG"; rm -f "$LOG"' 
 
 link() { ip -n "$prefix-sw" link set "sw$1" "$2"; }
 reachable() {  # K: wait up to 20 s until the head reaches node K again after its link came back
-  local i
-  for i in $(seq 1 20); do
-    ip netns exec "$prefix-head" ping -c 1 -W 1 "$net.$1" >/dev/null 2>&1 && return 0
-  done
+  # (no ping here: a TCP connect to a closed port is refused at once when the node is reachable)
+  ip netns exec "$prefix-head" "$PY" - "$net.$1" <<'PYEOF' && return 0
+import socket, sys, time
+end = time.monotonic() + 20
+while time.monotonic() < end:
+    try:
+        socket.create_connection((sys.argv[1], 9), timeout=1).close()
+        sys.exit(0)
+    except ConnectionRefusedError:
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.5)
+sys.exit(1)
+PYEOF
   echo "tests/cluster/faults.sh: node $1 unreachable 20 s after its link came back" >&2
   return 1
 }
