@@ -55,6 +55,12 @@ def stat(records, figure, **match):
     return Stat(auc(r["curve"]) if figure == "auc" else r[figure] for r in rs)
 
 
+def sim_final(sim_records, key="loss", **match):
+    """:class:`Stat` of the last value of ``key`` (``"loss"``, ``"accuracy"``) over the matching
+    simulator runs (``scheme=``, ``p=``, ``lr=``)."""
+    return Stat(r[key][-1] for r in select(sim_records, **match))
+
+
 def beats(a, b):
     """``(a lower than b, clearly: by more than the larger spread)`` for two :class:`Stat`."""
     return a.mean < b.mean, b.mean - a.mean > max(a.std, b.std)
@@ -215,10 +221,9 @@ def easgd_scaling_sim(sim_records):
         sizes = sorted({r["p"] for r in sim_records if r["lr"] == lr})
         r = {}
         for p in sizes:
-            e = Stat(x["loss"][-1] for x in sim_records if x["lr"] == lr and x["p"] == p and x["scheme"] == "easgd")
-            g = min((Stat(x["loss"][-1] for x in sim_records
-                          if x["lr"] == lr and x["p"] == p and x["scheme"] == s)
-                     for s in ("gossip-push", "gossip-pull")), key=lambda s: s.mean)
+            e = sim_final(sim_records, scheme="easgd", p=p, lr=lr)
+            g = min((sim_final(sim_records, scheme=s, p=p, lr=lr) for s in ("gossip-push", "gossip-pull")),
+                    key=lambda s: s.mean)
             r[p] = e.mean / g.mean
         holds = r[sizes[-1]] > r[sizes[0]] and r[sizes[-1]] > 1
         checks.append((holds, holds))

@@ -2,7 +2,7 @@
 
 import os
 
-from .findings import Stat, auc, select, target_accuracy, time_to_accuracy
+from .findings import Stat, auc, select, sim_final, target_accuracy, time_to_accuracy
 
 
 def _plt():
@@ -93,7 +93,7 @@ def sim_scaling_figure(sim_records, path):
     for ax, lr in zip(axes[0], lrs):
         for scheme in dict.fromkeys(r["scheme"] for r in sim_records):
             sizes = sorted({r["p"] for r in sim_records if r["lr"] == lr and r["scheme"] == scheme})
-            ys = [_sim_final(sim_records, scheme, p, lr).mean for p in sizes]
+            ys = [sim_final(sim_records, scheme=scheme, p=p, lr=lr).mean for p in sizes]
             ax.plot(sizes, ys, marker="o", label=scheme)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("p (virtual ranks)")
@@ -104,10 +104,6 @@ def sim_scaling_figure(sim_records, path):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def _sim_final(sim_records, scheme, p, lr, key="loss"):
-    return Stat(r[key][-1] for r in sim_records if r["scheme"] == scheme and r["p"] == p and r["lr"] == lr)
 
 
 def _table(header, rows):
@@ -145,8 +141,8 @@ def _sim_table(sim_records):
     rows = []
     for lr in lrs:
         for scheme in dict.fromkeys(r["scheme"] for r in sim_records):
-            cells = [f"{_sim_final(sim_records, scheme, p, lr).mean:.4f} / "
-                     f"{_sim_final(sim_records, scheme, p, lr, 'accuracy').mean:.3f}" for p in sizes]
+            cells = [f"{sim_final(sim_records, scheme=scheme, p=p, lr=lr).mean:.4f} / "
+                     f"{sim_final(sim_records, 'accuracy', scheme=scheme, p=p, lr=lr).mean:.3f}" for p in sizes]
             rows.append([f"{lr:g}", scheme] + cells)
     return _table(["lr", "scheme"] + [f"p = {p}" for p in sizes], rows)
 
