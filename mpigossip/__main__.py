@@ -1,7 +1,7 @@
-"""Command line: ``python -m mpigossip {info,train,compare,table,plot} [...]`` (under mpiexec or srun).
+"""Command line: ``python -m mpigossip {info,train,compare,table,plot,reproduce,launch} [...]``.
 
 Flags are parsed and checked before torch is imported or MPI initialised, so a bad flag is
-answered in about a second, by rank 0 only. ``table`` and ``plot`` never start MPI. An
+answered in about a second, by rank 0 only. ``table``, ``plot`` and ``launch`` never start MPI. An
 exception that escapes on any rank ends the whole job (``MPI_Abort``) with that rank's
 traceback, instead of leaving the other ranks waiting.
 """
@@ -71,6 +71,14 @@ def build_parser():
     rep.add_argument("--data-dir", help="CIFAR-10's python batches: run the experiments on CIFAR-10 with the small "
                      "CNN instead of the synthetic problem (needs a cluster's compute)")
     rep.add_argument("--timeout", type=float, default=1800, help="seconds one MPI job may take (default: 1800)")
+    commands["launch"] = launch = sub.add_parser(
+        "launch", help="start a batch job's ranks inside its Slurm allocation (the jobs/ scripts use it)")
+    launch.add_argument("--launcher", default="srun", choices=["srun", "mpirun"],
+                        help="srun --mpi=pmix, or the MPI's own mpirun inside the allocation (default: srun)")
+    launch.add_argument("--retries", type=int, default=1,
+                        help="launch again this many times after a crash inside MPI_Init under srun (default: 1)")
+    launch.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="what every task runs")
     return parser, commands
 
 
@@ -80,6 +88,13 @@ def parse(argv=None):
     args, extra = parser.parse_known_args(argv)
     if extra:  # name the subcommand's usage, not the top level's
         commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "launch":
+        if args.program[:1] == ["--"]:
+            args.program = args.program[1:]
+        if not args.program:
+            commands["launch"].error("no command: python -m mpigossip launch [--launcher L] -- COMMAND ...")
+        if args.retries < 0:
+            commands["launch"].error("--retries must be >= 0")
     if args.command in ("train", "compare"):
         try:
             cli.precheck(args)
@@ -128,6 +143,9 @@ def _run(args):
     if args.command == "plot":
         from .train import plot
         return plot.main(args)
+    if args.command == "launch":
+        from . import slurm
+        return slurm.main(args)
     if args.command == "reproduce":
         from . import reproduce
         return reproduce.main(args)

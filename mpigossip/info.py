@@ -51,13 +51,16 @@ def local_rank(comm):
         node.Free()
 
 
-def collect(comm=None, *, timeout=60.0):
-    """Collective: a dict with job-wide facts and one entry per rank (every rank gets it)."""
-    comm = MPI.COMM_WORLD if comm is None else comm
+def placement(comm):
+    """Where this rank runs (collective: the node split): host, local rank, the GPU it would use
+    (local rank modulo the GPUs it sees), what the launcher set for GPUs and threads."""
     ngpu = gpu_count()
     lrank, lsize = local_rank(comm)
-    aware, source = buffers.cuda_aware()
-    rank_info = {
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    return {
         "rank": comm.Get_rank(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -65,8 +68,17 @@ def collect(comm=None, *, timeout=60.0):
         "local_size": lsize,
         "gpus_visible": ngpu,
         "gpu": (lrank % ngpu) if ngpu else None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "cpus": cpus,
     }
-    ranks = deadline.allgather(comm, rank_info, timeout=timeout, op="info")
+
+
+def collect(comm=None, *, timeout=60.0):
+    """Collective: a dict with job-wide facts and one entry per rank (every rank gets it)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    aware, source = buffers.cuda_aware()
+    ranks = deadline.allgather(comm, placement(comm), timeout=timeout, op="info")
     import mpi4py
     import numpy
     return {
@@ -93,10 +105,12 @@ def format_text(info):
              f"thread level: {info['thread_level']}; CUDA-aware MPI: "
              f"{'yes' if info['cuda_aware_mpi'] else 'no'} (from {info['cuda_aware_source']})",
              f"world size: {info['world_size']}",
-             f"{'rank':>5} {'host':<20} {'local':>5} {'gpus':>5} {'gpu':>4}"]
+             f"{'rank':>5} {'host':<20} {'local':>5} {'gpus':>5} {'gpu':>4} {'CUDA_VISIBLE_DEVICES':>20} "
+             f"{'OMP_NUM_THREADS':>15} {'cpus':>4}"]
     for r in info["ranks"]:
         gpu = "-" if r["gpu"] is None else str(r["gpu"])
-        lines.append(f"{r['rank']:>5} {r['host']:<20} {r['local_rank']:>5} {r['gpus_visible']:>5} {gpu:>4}")
+        lines.append(f"{r['rank']:>5} {r['host']:<20} {r['local_rank']:>5} {r['gpus_visible']:>5} {gpu:>4} "
+                     f"{r['cuda_visible_devices'] or '-':>20} {r['omp_num_threads'] or '-':>15} {r['cpus']:>4}")
     return "\n".join(lines)
 
 

@@ -1,51 +1,24 @@
 """Every script in jobs/ submitted with `sbatch --wait` to a real single-node Slurm on localhost.
 
 tests/slurm/start.sh starts the cluster (installing Debian's Slurm and munge if missing).
-Skipped with the reason only where Slurm cannot start; never skipped in CI (CI=true)."""
+Skipped with the reason only where Slurm cannot start; never skipped in CI (CI=true).
+The same scripts across 4 emulated nodes: tests/cluster/slurm_jobs.py."""
 
 import json
 import os
-import re
 import subprocess
-import sys
 import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON = sys.executable
+from tests.slurm.jobs import PYTHON, ROOT, check_binding, job_id, ranks, sbatch, start, stop, summary
 
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    proc = subprocess.run(["bash", os.path.join(ROOT, "tests", "slurm", "start.sh")],
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        reason = f"Slurm could not start here: {proc.stderr.strip()[-400:]}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    conf = re.search(r"export SLURM_CONF=(\S+)", proc.stdout).group(1)
-    env = dict(os.environ, SLURM_CONF=conf, PYTHON=PYTHON)
+    env = start()
     yield env, tmp_path_factory.mktemp("slurm")
-    subprocess.run(["bash", os.path.join(ROOT, "tests", "slurm", "stop.sh")], timeout=120)
-
-
-def sbatch(env, script, *options, extra=None, wait=True, timeout=300):
-    cmd = ["sbatch", "--parsable"] + (["--wait"] if wait else []) + list(options) + [os.path.join(ROOT, "jobs", script)]
-    run_env = dict(env, **(extra or {}))
-    if not wait:
-        return subprocess.run(cmd, capture_output=True, text=True, env=run_env, cwd=ROOT, timeout=60)
-    return subprocess.run(cmd, capture_output=True, text=True, env=run_env, cwd=ROOT, timeout=timeout)
-
-
-def job_id(proc):
-    return proc.stdout.strip().splitlines()[0].split(";")[0]
-
-
-def summary(folder):
-    with open(os.path.join(folder, "summary.json")) as f:
-        return json.load(f)
+    stop()
 
 
 @pytest.mark.parametrize("launcher, algorithm", [("srun", "sgp"), ("mpirun", "dpsgd")])
@@ -57,13 +30,34 @@ def test_train_job(slurm, launcher, algorithm):
     if algorithm == "dpsgd":
         extra["HIERARCHICAL"] = "1"
     proc = sbatch(env, "train.sbatch", "-o", str(log), extra=extra)
-    assert proc.returncode == 0, proc.stderr + log.read_text()
+    text = log.read_text()
+    assert proc.returncode == 0, proc.stderr + text
     s = summary(out)
     assert s["world_size"] == 4 and s["steps"] == 60 and s["algorithm"] == algorithm
     with open(out / "config.json") as f:
         assert json.load(f)["hierarchical"] == (algorithm == "dpsgd")
-    assert "train.sbatch: done" in log.read_text()
+    assert "train.sbatch: done" in text
+    assert ("/mpirun --bind-to none -n 4 ..." if launcher == "mpirun" else "launch: srun --mpi=pmix") in text
     assert os.path.isfile(out / "checkpoints" / "latest.json")
+    placement = ranks(out)
+    check_binding(placement, launcher, 4)
+    assert all(r["omp_num_threads"] == "1" and r["torch_threads"] == 1 for r in placement), placement
+
+
+def test_srun_launch_crashed_in_mpi_init_runs_again(slurm):
+    """Under srun, a step whose rank crashed inside MPI_Init (a stand-in printing Open MPI's
+    backtrace) is named and launched once more; the job then succeeds."""
+    env, tmp = slurm
+    log = tmp / "init-crash.log"
+    wrap = (f"{PYTHON} -m mpigossip launch --launcher srun -- {PYTHON} "
+            f"{os.path.join(ROOT, 'tests', 'scripts', 'init_crash.py')} init")
+    proc = subprocess.run(["sbatch", "--parsable", "--wait", "--ntasks=2", "-o", str(log), "--wrap", wrap],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    text = log.read_text()
+    assert proc.returncode == 0, proc.stderr + text
+    assert "a rank crashed inside MPI_Init" in text and "launching again (1 of 1)" in text, text
+    assert sorted(line for line in text.splitlines() if line.startswith("started")) == \
+        ["started: step 1 task 0", "started: step 1 task 1"], text
 
 
 def test_failing_run_fails_the_job(slurm):

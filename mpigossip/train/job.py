@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .. import deadline
 from .. import topology as topo_mod
 from .. import torch as mgt
-from ..info import gpu_count, local_rank
+from ..info import gpu_count, local_rank, placement
 from . import checkpoint
 from . import data as data_mod
 from . import models
@@ -117,11 +117,14 @@ class Run:
             self.metrics_file.write(json.dumps(record) + "\n")
 
     def _open_outputs(self):
+        """Collective: ``config.json`` (the flags, and where every rank ran) and the metrics file."""
         os.makedirs(self.out, exist_ok=True)
+        here = dict(placement(self.comm), device=str(self.device), torch_threads=torch.get_num_threads())
+        ranks = deadline.allgather(self.comm, here, timeout=self.timeout, op="placement")
         if self.rank == 0:
             with open(os.path.join(self.out, "config.json"), "w") as f:
                 json.dump(dict(vars(self.args), algorithm=self.algorithm, lr=self.lr, world_size=self.size,
-                               steps=self.steps), f, indent=2)
+                               steps=self.steps, ranks=ranks), f, indent=2)
         self.metrics_file = open(os.path.join(self.out, f"metrics-rank{self.rank}.jsonl"),
                                  "a" if self.args.resume else "w")
 

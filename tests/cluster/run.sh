@@ -7,7 +7,10 @@
 #   - one training run of every algorithm across the 4 nodes, each reaching 90% like on one node,
 #     and hierarchical runs with 2 ranks on each of the 4 nodes;
 #   - faults across nodes (tests/cluster/faults.sh): a link cut for good, the same with the
-#     package's deadline firing first, a 10 s outage ridden out with exact results, a stopped rank.
+#     package's deadline firing first, a 10 s outage ridden out with exact results, a stopped rank;
+#   - the jobs/ scripts under a Slurm across the 4 nodes (tests/cluster/slurm_jobs.py): placement,
+#     GPU binding and threads per node, compare, bench, preemption, a lost node (NODE_FAIL, requeue,
+#     resume from the checkpoint).
 # The cluster is removed on any exit. A launch whose launcher outlives its ranks (an Open MPI 5.0.x
 # teardown bug, about 1 launch in 25: tests/cluster/mpiexec ends it with exit 3) is run again once.
 set -u
@@ -73,4 +76,8 @@ PY
 start=$SECONDS
 if bash tests/cluster/faults.sh; then echo "cluster: faults: passed in $((SECONDS - start)) s" >&2
 else echo "cluster: faults: FAILED in $((SECONDS - start)) s" >&2; failed=1; fi
+start=$SECONDS
+if timeout -k 10 "$LIMIT" "$PY" -m pytest -q --color=no -p no:cacheprovider tests/cluster/slurm_jobs.py; then
+  echo "cluster: Slurm jobs on 4 nodes: passed in $((SECONDS - start)) s" >&2
+else echo "cluster: Slurm jobs on 4 nodes: FAILED in $((SECONDS - start)) s" >&2; failed=1; fi
 exit $failed

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tear down the emulated cluster made by tests/cluster/start.sh: end every process inside its
+# Tear down the emulated cluster made by tests/cluster/start.sh: stop a Slurm started on it
+# (tests/slurm/stop.sh --cluster, which also stops the munged it started), end every process inside its
 # namespaces (by PID), delete the namespaces (their veth pairs go with them), unmount and remove
 # the UTS files and the state folder. Safe to run when nothing is there.
 #
@@ -7,6 +8,7 @@
 set -u
 DIR=${MPIGOSSIP_CLUSTER_DIR:-/tmp/mpigossip-cluster}
 PREFIX=${MPIGOSSIP_CLUSTER_PREFIX:-mgc}
+[ -d "$DIR/slurm" ] && MPIGOSSIP_SLURM_DIR="$DIR/slurm" bash "$(dirname "$0")/../slurm/stop.sh" --cluster
 spaces=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}-(sw|head|n[0-9]+)$" || true)
 for ns in $spaces; do
   pids=$(ip netns pids "$ns" 2>/dev/null)

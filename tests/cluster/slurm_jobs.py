@@ -1,0 +1,169 @@
+"""The jobs/ scripts with `sbatch --wait --nodes=4` on a Slurm across the emulated nodes.
+
+Run by tests/cluster/run.sh once the emulated cluster is up (not collected by a plain
+`pytest tests`: the file name does not start with test_). The module's fixture starts Slurm on
+the cluster (tests/slurm/start.sh --cluster: slurmctld in the head namespace, one slurmd per
+node) and stops it. Checked: ranks on 4 hosts with the GPU binding and OMP_NUM_THREADS each
+launcher gives per node; compare and bench across nodes; preemption and requeue; a node lost
+mid-job (its switch port down) ending NODE_FAIL, requeued, and resumed from the checkpoint once
+the node is back, with the same result as an uninterrupted run.
+"""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.slurm.jobs import check_binding, job_fields, ranks, sbatch, start, stop, submit, summary
+
+CLUSTER_DIR = os.environ.get("MPIGOSSIP_CLUSTER_DIR", "/tmp/mpigossip-cluster")
+NODES = ["node1", "node2", "node3", "node4"]
+# One run, three ways: uninterrupted, preempted, and with a node lost. 3000 steps of SGP on 4
+# nodes take 15-25 s here: time to act after the first checkpoint (step 250).
+LONG = {"STEPS": "3000", "CKPT_EVERY": "250", "EXTRA": "--eval-every 1000"}
+
+
+def cluster_settings():
+    with open(os.path.join(CLUSTER_DIR, "cluster")) as f:
+        return dict(item.split("=", 1) for item in f.read().split())
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if not os.path.isfile(os.path.join(CLUSTER_DIR, "cluster")):
+        pytest.fail("no emulated cluster: tests/cluster/run.sh starts one")
+    env = start(cluster=True)
+    yield env, tmp_path_factory.mktemp("slurm-nodes")
+    stop(cluster=True)
+
+
+def run_ok(proc, log):
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, proc.stderr + text
+    return text
+
+
+@pytest.mark.parametrize("launcher, per_node, cpus", [("srun", 2, 2), ("mpirun", 2, 1)])
+def test_train_on_four_nodes(slurm, launcher, per_node, cpus):
+    env, tmp = slurm
+    out, log = tmp / f"train-{launcher}", tmp / f"train-{launcher}.log"
+    proc = sbatch(env, "train.sbatch", "--nodes=4", f"--ntasks-per-node={per_node}", f"--cpus-per-task={cpus}",
+                  "-o", str(log), extra={"STEPS": "60", "OUT": str(out), "LAUNCHER": launcher})
+    text = run_ok(proc, log)
+    assert ("/mpirun --bind-to none -n 8 ..." if launcher == "mpirun" else "launch: srun --mpi=pmix") in text, text
+    s = summary(out)
+    assert s["world_size"] == 4 * per_node and s["steps"] == 60 and s["final_accuracy"] > 0.8, s
+    placement = ranks(out)
+    by_host = check_binding(placement, launcher, per_node)
+    assert sorted(by_host) == NODES and all(len(rs) == per_node for rs in by_host.values()), by_host
+    assert all(r["omp_num_threads"] == str(cpus) and r["torch_threads"] == cpus for r in placement), placement
+
+
+def test_compare_on_four_nodes(slurm):
+    env, tmp = slurm
+    out, log = tmp / "compare", tmp / "compare.log"
+    proc = sbatch(env, "compare.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log),
+                  extra={"ALGORITHMS": "allreduce sgp", "LRS": "0.1", "STEPS": "40", "OUT": str(out)})
+    run_ok(proc, log)
+    table = (out / "compare.md").read_text()
+    assert "| allreduce | 0.1 |" in table and "| sgp | 0.1 |" in table, table
+    assert {r["host"] for r in ranks(out / "sgp-lr0.1")} == set(NODES)
+
+
+def test_bench_on_four_nodes(slurm):
+    env, tmp = slurm
+    out, log = tmp / "bench", tmp / "bench.log"
+    proc = sbatch(env, "bench.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log),
+                  extra={"SIZES_MB": "1", "REPEATS": "3", "STEPS": "40", "OUT": str(out)}, timeout=400)
+    run_ok(proc, log)
+    rows = json.load(open(out / "comm.json"))
+    assert {r["what"] for r in rows} >= {"AllreduceAverager.average / Allreduce", "PushSum.step / Isend+Irecv"}
+    assert all(r["q1"] <= r["ratio"] <= r["q3"] for r in rows)
+    table = (out / "stragglers" / "compare.md").read_text()
+    assert all(f"| {a} |" in table for a in ("allreduce", "sgp", "osgp", "gossip-pull", "easgd"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm):
+    env, tmp = slurm
+    out, log = tmp / "uninterrupted", tmp / "uninterrupted.log"
+    proc = sbatch(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log),
+                  extra=dict(LONG, OUT=str(out)))
+    run_ok(proc, log)
+    return summary(out)
+
+
+def wait_for_checkpoint(out, waiter, timeout=120):
+    """Until the run wrote its first checkpoint (and is still going)."""
+    pointer = out / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + timeout
+    while not pointer.exists():
+        assert waiter.poll() is None, "the job ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within the time"
+        time.sleep(0.2)
+
+
+def test_preempted_job_on_four_nodes_resumes_to_the_same_result(slurm, uninterrupted):
+    env, tmp = slurm
+    out, log = tmp / "preempted", tmp / "preempted.log"
+    waiter = submit(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log),
+                    extra=dict(LONG, OUT=str(out)))
+    try:
+        wait_for_checkpoint(out, waiter)
+        job = job_fields(env, "mpigossip-train")
+        assert job.get("JobState") == "RUNNING", job
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job["JobId"]], check=True, env=env, timeout=30)
+        stdout, stderr = waiter.communicate(timeout=300)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    text = log.read_text()
+    assert waiter.returncode == 0, stderr + text
+    assert "asking the ranks to checkpoint" in text and "requeueing job" in text and "resuming from" in text, text
+    b = summary(out)
+    assert b["steps"] == 3000
+    assert (b["final_loss"], b["final_accuracy"]) == (uninterrupted["final_loss"], uninterrupted["final_accuracy"])
+
+
+def test_node_lost_mid_job_ends_node_fail_and_resumes_when_back(slurm, uninterrupted):
+    """node3's switch port goes down after the first checkpoint: Slurm finds the node not
+    responding (SlurmdTimeout=20), ends the job NODE_FAIL and requeues it; the job waits for 4
+    nodes; the port comes back, the node returns to service and the job resumes from its
+    checkpoint to the uninterrupted run's result."""
+    env, tmp = slurm
+    out, log = tmp / "node-lost", tmp / "node-lost.log"
+    switch = f"{cluster_settings()['prefix']}-sw"
+    waiter = submit(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log),
+                    extra=dict(LONG, OUT=str(out)))
+    try:
+        wait_for_checkpoint(out, waiter)
+        subprocess.run(["ip", "-n", switch, "link", "set", "sw3", "down"], check=True, timeout=30)
+        cut = time.monotonic()
+        while True:   # requeued: pending again, restarted once
+            job = job_fields(env, "mpigossip-train")
+            if job.get("JobState") == "PENDING" and job.get("Restarts") == "1":
+                break
+            assert waiter.poll() is None, "sbatch --wait returned while the node was away"
+            assert time.monotonic() - cut < 120, f"not requeued within 120 s of the cut: {job}"
+            time.sleep(1)
+        requeued = time.monotonic() - cut
+        state = subprocess.run(["sinfo", "-h", "-n", "node3", "-o", "%t"], capture_output=True, text=True,
+                               env=env, timeout=30).stdout.strip()
+        assert state.startswith("down"), state
+    finally:
+        subprocess.run(["ip", "-n", switch, "link", "set", "sw3", "up"], timeout=30)
+    try:
+        stdout, stderr = waiter.communicate(timeout=300)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    text = log.read_text()
+    assert waiter.returncode == 0, stderr + text
+    assert "DUE TO NODE FAILURE" in text and "resuming from" in text and "train.sbatch: done" in text, text
+    print(f"node lost: requeued {requeued:.0f} s after the cut")
+    b = summary(out)
+    assert b["steps"] == 3000
+    assert (b["final_loss"], b["final_accuracy"]) == (uninterrupted["final_loss"], uninterrupted["final_accuracy"])
+    assert {r["host"] for r in ranks(out)} == set(NODES)

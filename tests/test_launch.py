@@ -1,0 +1,128 @@
+"""``python -m mpigossip launch`` (mpigossip/slurm.py) without Slurm: the command and
+environment built for each launcher, the crash inside MPI_Init recognised and launched again
+(through a stand-in ``srun`` on PATH), and signals passed on. The real thing runs under Slurm
+in tests/test_slurm.py and, across nodes, tests/cluster/slurm_jobs.py."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mpigossip import slurm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CRASH = os.path.join(HERE, "scripts", "init_crash.py")
+GPUS = {"SLURM_GPUS_PER_TASK": "1", "SLURM_GPUS_ON_NODE": "2", "SLURM_NTASKS": "8"}
+
+
+def test_even_tasks():
+    for value, even in [("2(x4)", True), ("4", True), ("1,1", True), ("2(x3),1", False), ("2,1", False)]:
+        assert slurm.even_tasks({"SLURM_TASKS_PER_NODE": value}) is even, value
+
+
+def test_srun_command():
+    argv, env = slurm.command("srun", ["python", "-m", "x"], {"SLURM_NTASKS": "4", "SLURM_GPUS_PER_TASK": "1"})
+    assert argv == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", "python", "-m", "x"]
+    assert env["SLURM_GPUS_PER_TASK"] == "1"      # srun binds one GPU per task itself
+
+
+def test_mpirun_command_gives_each_node_daemon_all_its_gpus(tmp_path):
+    environ = dict(GPUS, SLURM_TASKS_PER_NODE="2(x4)", SLURM_GPU_BIND="single:1", MPIRUN="/site/bin/mpirun")
+    argv, env = slurm.command("mpirun", ["python", "t.py"], environ)
+    assert argv == ["/site/bin/mpirun", "--bind-to", "none", "-n", "8", "python", "t.py"]
+    assert "SLURM_GPUS_PER_TASK" not in env and "SLURM_GPU_BIND" not in env
+    assert env["SLURM_GPUS_PER_NODE"] == "2"
+    assert environ["SLURM_GPUS_PER_TASK"] == "1"  # the caller's environment is left alone
+    _, env = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"})
+    assert "SLURM_GPUS_PER_NODE" not in env       # no GPUs: nothing to change
+    with pytest.raises(slurm.LaunchError, match="same tasks on every node"):
+        slurm.command("mpirun", ["p"], dict(GPUS, SLURM_TASKS_PER_NODE="2(x3),1", MPIRUN="mpirun"))
+    with pytest.raises(slurm.LaunchError, match="not inside a Slurm allocation"):
+        slurm.command("mpirun", ["p"], {"MPIRUN": "mpirun"})
+    with pytest.raises(slurm.LaunchError, match="no command"):
+        slurm.command("srun", [], {})
+
+
+def test_crash_inside_mpi_init_is_told_apart():
+    for where, expected in [("init", True), ("late", False)]:
+        proc = subprocess.run([sys.executable, CRASH, where], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == -signal.SIGSEGV
+        assert slurm.crashed_in_init(proc.stderr) is expected, proc.stderr
+    assert not slurm.crashed_in_init("srun: error: node2: task 1: Segmentation fault\n")
+    assert not slurm.crashed_in_init("python -m mpigossip: error: ompi_mpi_init+1 is not a flag\n")
+
+
+@pytest.fixture
+def fake_srun(tmp_path):
+    """An ``srun`` on PATH that drops its options and runs the command as task 0 of the next step."""
+    counter = tmp_path / "steps"
+    counter.write_text("0")
+    srun = tmp_path / "srun"
+    srun.write_text(f"""#!/bin/sh
+while [ "${{1#--}}" != "$1" ]; do shift; done
+step=$(cat {counter}); echo $((step + 1)) >{counter}
+SLURM_STEP_ID=$step SLURM_PROCID=0 exec "$@"
+""")
+    srun.chmod(0o755)
+    return dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", SLURM_NTASKS="1"), counter
+
+
+def run_launch(env, *args):
+    return subprocess.run([sys.executable, "-m", "mpigossip", "launch", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def test_srun_launch_that_crashed_in_mpi_init_runs_again(fake_srun):
+    env, counter = fake_srun
+    proc = run_launch(env, "--", sys.executable, CRASH, "init")     # srun is the default
+    assert proc.returncode == 0, proc.stderr
+    assert "mpigossip launch: srun --mpi=pmix --kill-on-bad-exit=1 ..." in proc.stderr
+    assert "a rank crashed inside MPI_Init (exit 139)" in proc.stderr and "launching again (1 of 1)" in proc.stderr
+    assert "*** Process received signal ***" in proc.stderr         # the crash is shown, not hidden
+    assert proc.stdout == "started: step 1 task 0\n" and counter.read_text().strip() == "2"
+
+
+def test_other_failures_and_spent_retries_return_the_status(fake_srun):
+    env, counter = fake_srun
+    proc = run_launch(env, "--launcher", "srun", "--", sys.executable, CRASH, "late")
+    assert proc.returncode == 139 and "MPI_Init" not in proc.stderr.split("***")[-1]
+    assert counter.read_text().strip() == "1"                        # a crash after MPI_Init: not again
+    counter.write_text("0")
+    proc = run_launch(env, "--launcher", "srun", "--retries", "0", "--", sys.executable, CRASH, "init")
+    assert proc.returncode == 139 and "in all 1 launches" in proc.stderr and "try --launcher mpirun" in proc.stderr
+    proc = run_launch(env, "--launcher", "srun", "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert proc.returncode == 3 and counter.read_text().strip() == "2"
+
+
+def test_signals_reach_the_ranks(fake_srun, tmp_path):
+    env, _ = fake_srun
+    ready = tmp_path / "ready"
+    program = ("import os, signal, sys, time\n"
+               "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
+               f"open({str(ready)!r}, 'w').close()\n"
+               "time.sleep(30)\nsys.exit(1)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "mpigossip", "launch", "--launcher", "srun", "--",
+                             sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=30) == 75, proc.stderr.read()
+    proc.stderr.close()
+
+
+def test_usage_errors():
+    proc = run_launch(os.environ)
+    assert proc.returncode == 2 and "no command" in proc.stderr
+    proc = run_launch(os.environ, "--launcher", "mpiexec", "--", "true")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    with pytest.raises(slurm.LaunchError, match="--launcher must be one of srun, mpirun"):
+        slurm.launch("auto", ["true"])
+    outside = {k: v for k, v in os.environ.items() if k != "SLURM_NTASKS"}
+    proc = run_launch(outside, "--launcher", "mpirun", "--", "true")
+    assert proc.returncode == 2 and "not inside a Slurm allocation" in proc.stderr, proc.stderr
+    proc = run_launch(os.environ, "--retries", "-1", "--", "true")
+    assert proc.returncode == 2 and "--retries must be >= 0" in proc.stderr
