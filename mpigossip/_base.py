@@ -44,6 +44,18 @@ def check_chunk_bytes(chunk_bytes, *, auto=False):
     return None
 
 
+def shard_bounds(size, servers):
+    """``[(lo, hi), ...]``: contiguous, near-equal shards of ``size`` elements over ``servers``
+    (the parameter server's shards, the node mean's slices)."""
+    base, extra = divmod(size, servers)
+    bounds, lo = [], 0
+    for s in range(servers):
+        hi = lo + base + (1 if s < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
 class Communicator:
     """Base of the communicators. Owns ``self.comm``, a duplicate of the user's communicator,
     so mpigossip's messages never match the user's own."""

@@ -22,8 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, deadline, kernels
-from ._base import Communicator
-from .server import shard_bounds
+from ._base import Communicator, shard_bounds
 
 
 class NodeMean(Communicator):

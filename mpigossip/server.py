@@ -28,18 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, deadline, kernels
-from ._base import Communicator
-
-
-def shard_bounds(size, servers):
-    """``[(lo, hi), ...]``: contiguous, near-equal shards of ``size`` elements over ``servers``."""
-    base, extra = divmod(size, servers)
-    bounds, lo = [], 0
-    for s in range(servers):
-        hi = lo + base + (1 if s < extra else 0)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
+from ._base import Communicator, shard_bounds
 
 
 class ParameterServer(Communicator):

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+from ..train.table import run_dir
+
 #: The problem of the accuracy runs: 10 classes of 8 Gaussian clusters each in 12 dimensions
 #: (not linearly separable, so the MLP has to learn a non-linear boundary) with 20% of the
 #: training labels noisy. The bundled digits are too easy (every method reaches 95-99%);
@@ -122,11 +124,6 @@ def load_curve(run_dir):
                                "loss": r["test_loss"], "accuracy": r["test_accuracy"],
                                "consensus": r["consensus_distance"]})
     return points
-
-
-def run_dir(out, algorithm, lr):
-    """Where ``compare --out out`` writes one run (as :mod:`mpigossip.train.compare` names it)."""
-    return os.path.join(out, f"{algorithm}-lr{lr:g}")
 
 
 def accuracy_runs(launcher, root, setting, quick, progress, flags=PROBLEM):

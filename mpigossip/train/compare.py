@@ -1,13 +1,11 @@
 """``python -m mpigossip compare``: every algorithm x learning rate in one MPI job, as a table."""
 
-import os
-
 from mpi4py import MPI
 
 from . import data as data_mod
 from .cli import UsageError, algorithms_of
 from .job import check_world, fail, run_many
-from .table import write_table
+from .table import run_dir, write_table
 
 
 def main(args):
@@ -21,7 +19,7 @@ def main(args):
     out = args.out
 
     def out_for(algorithm, lr):
-        return os.path.join(out, f"{algorithm}-lr{lr:g}") if out else None
+        return run_dir(out, algorithm, lr) if out else None
     try:
         summaries = run_many(args, comm, algorithms, args.lrs, out_for)
     except (data_mod.DataError, ValueError, OSError) as exc:

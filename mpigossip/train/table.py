@@ -11,6 +11,11 @@ COLUMNS = [("algorithm", "algorithm", "{}"), ("lr", "lr", "{:g}"), ("final_accur
            ("comm_time_s", "comm s", "{:.2f}"), ("consensus_distance", "consensus dist.", "{:.2e}")]
 
 
+def run_dir(out, algorithm, lr):
+    """Where ``compare --out OUT`` writes the run of ``algorithm`` at ``lr``."""
+    return os.path.join(out, f"{algorithm}-lr{lr:g}")
+
+
 def markdown(summaries):
     def cell(s, key, fmt):
         value = s[key] * 1e3 if key == "time_per_step_s" else s[key]
