@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.slurm.jobs import PYTHON, ROOT, check_binding, job_id, ranks, sbatch, start, stop, summary
+from tests.slurm.jobs import (PYTHON, ROOT, check_binding, finish, job_fields, job_id, ranks, same_result, sbatch,
+                              start, stop, submit, summary)
 
 
 @pytest.fixture(scope="module")
@@ -76,28 +77,25 @@ def test_preempted_job_requeues_and_resumes_to_the_same_result(slurm):
     proc = sbatch(env, "train.sbatch", "-o", str(tmp / "ref.log"), extra=dict(settings, OUT=str(ref)))
     assert proc.returncode == 0, proc.stderr
     out, log = tmp / "preempted", tmp / "preempted.log"
-    waiter = subprocess.Popen(["sbatch", "--parsable", "--wait", "-o", str(log),
-                               os.path.join(ROOT, "jobs", "train.sbatch")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(env, OUT=str(out), **settings), cwd=ROOT)
-    metrics = out / "metrics-rank0.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # signal once the run is well under way
-        if metrics.exists() and sum(1 for _ in open(metrics)) > 100:
-            break
-        time.sleep(0.2)
-    jobs = subprocess.run(["squeue", "-h", "-o", "%i", "-n", "mpigossip-train"], capture_output=True, text=True,
-                          env=env).stdout.split()
-    assert jobs, "the job is not running"
-    subprocess.run(["scancel", "--signal=USR1", "--batch", jobs[0]], check=True, env=env)
-    stdout, stderr = waiter.communicate(timeout=300)
-    text = log.read_text()
-    assert waiter.returncode == 0, stderr + text
+    waiter = submit(env, "train.sbatch", "-o", str(log), extra=dict(settings, OUT=str(out)))
+    try:
+        metrics = out / "metrics-rank0.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # signal once the run is well under way
+            if metrics.exists() and sum(1 for _ in open(metrics)) > 100:
+                break
+            time.sleep(0.2)
+        job = job_fields(env, "mpigossip-train")
+        assert job, "the job is not running"
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job["JobId"]], check=True, env=env)
+    except BaseException:
+        waiter.kill()
+        raise
+    text = finish(waiter, log)
     assert "asking the ranks to checkpoint" in text and "requeueing job" in text, text
     assert "resuming from" in text, text
-    a, b = summary(ref), summary(out)
-    assert b["steps"] == 800
-    assert (b["final_loss"], b["final_accuracy"]) == (a["final_loss"], a["final_accuracy"])
+    assert summary(out)["steps"] == 800
+    same_result(summary(out), summary(ref))
 
 
 def test_compare_job_and_array_with_collect(slurm):

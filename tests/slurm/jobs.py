@@ -50,6 +50,25 @@ def submit(env, script, *options, extra=None):
                             env=dict(env, **(extra or {})), cwd=ROOT)
 
 
+def finish(waiter, log, timeout=300):
+    """Wait for a :func:`submit`-ted job (killing ``sbatch --wait`` if it outlives ``timeout``);
+    the text of its log. The job must have succeeded."""
+    try:
+        _, stderr = waiter.communicate(timeout=timeout)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    text = log.read_text()
+    assert waiter.returncode == 0, stderr + text
+    return text
+
+
+def same_result(run, reference):
+    """The run ended where the reference did: final loss and accuracy equal, bit for bit."""
+    assert run["steps"] == reference["steps"]
+    assert (run["final_loss"], run["final_accuracy"]) == (reference["final_loss"], reference["final_accuracy"])
+
+
 def job_id(proc):
     return proc.stdout.strip().splitlines()[0].split(";")[0]
 
