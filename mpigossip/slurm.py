@@ -19,10 +19,11 @@ This module starts no MPI and imports nothing heavy: it runs in the batch script
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
+
+from .launcher import ROOT_DEFAULTS, find_beside_python
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -43,10 +44,7 @@ def find_mpirun(environ=None):
     environ = os.environ if environ is None else environ
     if environ.get("MPIRUN"):
         return environ["MPIRUN"]
-    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    if os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which("mpirun", path=environ.get("PATH"))
+    found = find_beside_python("mpirun", path=environ.get("PATH"))
     if not found:
         raise LaunchError("no mpirun: set MPIRUN, load the MPI module, or use --launcher srun")
     return found
@@ -68,8 +66,8 @@ def command(launcher, program, environ=None):
     if not environ.get("SLURM_NTASKS"):
         raise LaunchError("not inside a Slurm allocation (no SLURM_NTASKS): run it from a batch script")
     if hasattr(os, "geteuid") and os.geteuid() == 0:   # containers run jobs as root
-        environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        for key, value in ROOT_DEFAULTS.items():
+            environ.setdefault(key, value)
     # mpirun starts one daemon per node with srun, which reads these variables as if they were its
     # own options: with --gpus-per-task=1 each daemon, and so every rank on its node, would see
     # one GPU. Asking for the node's GPUs per node instead gives each daemon all of them, and each
