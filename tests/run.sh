@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# The one test command: serial tests, then the MPI tests under the venv's own mpiexec at
-# several world sizes. Each MPI launch runs under a timeout, so a deadlock fails the run
-# instead of hanging; a failure on any rank fails that launch; the summary names the sizes
-# that failed. Leaves no /dev/shm/sm_segment.* files behind.
+# The one test command, in timed steps, each under its own limit (tests/steps.sh):
+#   serial: units and small launches   pytest, in-process checks and short mpiexec launches
+#   serial: training job end to end    tests/test_train.py (every algorithm trained, resume, ...)
+#   serial: reproduce --quick          the papers' experiments, small, end to end
+#   serial: Slurm jobs, one node       the jobs/ scripts on a local Slurm
+#   MPI tests, world size N            tests/mpi under the venv's mpiexec at each size
+#   cluster: ...                       as root: 4 emulated nodes at 1 Gbit (tests/cluster/run.sh)
+# The summary gives each step's time and the share of its limit it used, and names a step that
+# ran out of time "TIMED OUT", distinct from one that "FAILED". A failure on any rank fails that
+# launch. Leaves no /dev/shm/sm_segment.* files behind.
 #
 #   bash tests/run.sh                    # everything
 #   MPIGOSSIP_TEST_SIZES="2 4" bash tests/run.sh
-#   MPIGOSSIP_CLUSTER_TESTS=0 bash tests/run.sh   # without the emulated-cluster part (tests/cluster/run.sh)
+#   MPIGOSSIP_CLUSTER_TESTS=0 bash tests/run.sh   # without the emulated-cluster part
+#   MPIGOSSIP_TEST_STEPS="units mpi" bash tests/run.sh   # some steps: units train reproduce slurm mpi cluster
+#   MPIGOSSIP_TEST_SCALE=2 bash tests/run.sh      # every limit doubled (a slow or shared machine)
 #   PYTHON=/path/to/python bash tests/run.sh
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 SIZES=${MPIGOSSIP_TEST_SIZES:-"1 2 3 4 5 8"}
-LIMIT=${MPIGOSSIP_TEST_TIMEOUT:-900}      # seconds per launch
+STEPS=${MPIGOSSIP_TEST_STEPS:-"units train reproduce slurm mpi cluster"}
+export MPIGOSSIP_TEST_SCALE=${MPIGOSSIP_TEST_SCALE:-1}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60}   # deadline of every wait inside the tests
 export PYTHONUNBUFFERED=1
 if [ ! -x "$PY" ]; then
@@ -20,6 +29,9 @@ if [ ! -x "$PY" ]; then
   exit 2
 fi
 MPIEXEC="$(dirname "$PY")/mpigossip-mpiexec"
+. tests/steps.sh
+limit() { echo $(($1 * MPIGOSSIP_TEST_SCALE)); }
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # Open MPI 5 leaves /dev/shm/sm_segment.* behind; remove the ones created by this run.
 before=$(mktemp)
@@ -27,50 +39,37 @@ ls /dev/shm/sm_segment.* 2>/dev/null | sort >"$before"
 cleanup() {
   ls /dev/shm/sm_segment.* 2>/dev/null | sort | comm -13 "$before" - | xargs -r rm -f
   rm -f "$before"
+  step_cleanup
 }
 trap cleanup EXIT
 
-declare -a results
-failed=0
+PYTEST=("$PY" -m pytest -q --color=no -p no:cacheprovider --strict-markers tests)
+wanted units && step "serial: units and small launches" "$(limit 600)" "${PYTEST[@]}" -m "not (train or reproduce or slurm)"
+wanted train && step "serial: training job end to end" "$(limit 600)" "${PYTEST[@]}" -m train
+wanted reproduce && step "serial: reproduce --quick" "$(limit 400)" "${PYTEST[@]}" -m reproduce
+if wanted slurm; then
+  step "serial: Slurm jobs, one node" "$(limit 600)" "${PYTEST[@]}" -m slurm
+  bash tests/slurm/stop.sh   # a step cut by its limit leaves the daemons behind
+fi
 
-echo "=== serial tests"
-start=$SECONDS
-timeout -k 10 "$LIMIT" "$PY" -m pytest -q --color=no -p no:cacheprovider tests
-rc=$?
-results+=("serial: $([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)") in $((SECONDS - start)) s")
-[ $rc -eq 0 ] || failed=1
+if wanted mpi; then
+  for n in $SIZES; do
+    step "MPI tests, world size $n" "$(limit 400)" \
+      "$MPIEXEC" -n "$n" "$PY" -m pytest --with-mpi -q --color=no -p no:cacheprovider tests/mpi
+  done
+fi
 
-for n in $SIZES; do
-  echo "=== MPI tests, world size $n"
-  start=$SECONDS
-  timeout -k 10 "$LIMIT" "$MPIEXEC" -n "$n" "$PY" -m pytest --with-mpi -q --color=no -p no:cacheprovider tests/mpi
-  rc=$?
-  if [ $rc -eq 0 ]; then
-    results+=("world size $n: passed in $((SECONDS - start)) s")
-  else
-    [ $rc -eq 124 ] || [ $rc -eq 137 ] && why="timed out after $LIMIT s" || why="exit $rc"
-    results+=("world size $n: FAILED ($why) in $((SECONDS - start)) s")
-    failed=1
-  fi
-done
-
-if [ "${MPIGOSSIP_CLUSTER_TESTS:-1}" != 0 ]; then
+if wanted cluster && [ "${MPIGOSSIP_CLUSTER_TESTS:-1}" != 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null && command -v nsenter >/dev/null; then
-    echo "=== cluster tests: 4 emulated nodes at 1 Gbit (tests/cluster/run.sh)"
-    start=$SECONDS
     PYTHON="$PY" bash tests/cluster/run.sh
-    rc=$?
-    results+=("emulated cluster: $([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)") in $((SECONDS - start)) s")
-    [ $rc -eq 0 ] || failed=1
   else
-    results+=("emulated cluster: skipped (needs root with ip, tc and nsenter for network namespaces)")
+    echo "cluster: skipped (needs root with ip, tc and nsenter for network namespaces)" >>"$MPIGOSSIP_STEPS"
   fi
 fi
 
-echo "=== summary"
-printf '%s\n' "${results[@]}"
-if [ $failed -ne 0 ]; then
+if step_summary; then
+  echo "tests/run.sh: all passed"
+else
   echo "tests/run.sh: FAILED"
   exit 1
 fi
-echo "tests/run.sh: all passed"

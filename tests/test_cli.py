@@ -59,3 +59,28 @@ def test_bad_flags_are_answered_before_mpi_starts(args, message):
 def test_bipartite_needs_an_even_world_size_even_alone():
     proc = run(sys.executable, "-m", "mpigossip", "train", "--topology", "bipartite")
     assert proc.returncode == 2 and "even world size" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lr", "-1"], "--lr must be > 0"),
+    (["--algorithm", "sgd"], "--algorithm 'sgd'"),
+    (["--servers", "9"], "--servers 9 exceeds the world size 2"),
+    (["--topology", "bipartite", "--peers", "5"], "--topology bipartite --peers 5"),
+    (["--algorithm", "dpsgd", "--topology", "random"], "dpsgd needs a doubly stochastic graph"),
+    (["--algorithm", "easgd", "--hierarchical"], "--hierarchical: easgd cannot run hierarchically"),
+    (["--algorithm", "sgp", "--hierarchical", "--node-size", "3"], "--node-size must be a positive divisor"),
+    (["--algorithm", "sgp", "--node-size", "2"], "--node-size needs --hierarchical"),
+    (["--straggler", "7:2"], "--straggler '7:2'"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --out"),
+])
+def test_bad_train_flags_exit_2_with_a_clear_message(monkeypatch, capsys, args, message):
+    """In process, as rank 0 of 2 announced by the launcher: the checks that need no MPI (the
+    launches above show that only rank 0 prints and that MPI never starts)."""
+    from mpigossip.__main__ import parse
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    with pytest.raises(SystemExit) as exc:
+        parse(["train", "--quiet", *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count(message) == 1, err

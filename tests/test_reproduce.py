@@ -105,6 +105,7 @@ def test_reproduce_reports_a_failed_job(tmp_path):
     assert p.returncode == 1 and "job failed" in p.stderr and "jobs.log" in p.stderr
 
 
+@pytest.mark.reproduce
 @pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(sys.executable), "mpiexec")),
                     reason="needs the venv's mpiexec")
 def test_quick_mode_end_to_end(tmp_path):

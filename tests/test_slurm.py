@@ -14,6 +14,8 @@ import pytest
 from tests.slurm.jobs import (PYTHON, ROOT, check_binding, finish, job_fields, job_id, ranks, same_result, sbatch,
                               start, stop, submit, summary)
 
+pytestmark = pytest.mark.slurm
+
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):

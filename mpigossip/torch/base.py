@@ -24,6 +24,7 @@ class _Wrapper(abc.ABC):
     name = "?"
 
     def __init__(self, model, *, comm, broadcast=True, timeout=None):
+        self._freed = False
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
         self.model, self.comm = model, comm
@@ -72,8 +73,20 @@ class _Wrapper(abc.ABC):
         for buf in views:
             buf.release()
 
+    @property
+    def closed(self):
+        """Whether :meth:`free` has run."""
+        return self._freed
+
+    def _check_open(self):
+        """Raise on any use after :meth:`free` (a step that silently did nothing would let the
+        ranks' models drift apart with exit status 0)."""
+        if self._freed:
+            raise RuntimeError(f"mpigossip.torch.{type(self).__name__} ({self.name}) has been freed")
+
     def step(self):
         """Call once per iteration, after ``optimizer.step()``."""
+        self._check_open()
         with self._ordered():
             self._step()
         self.steps += 1
@@ -88,6 +101,7 @@ class _Wrapper(abc.ABC):
         return self._mean(self.flat_buffers.groups, "consensus_buffers")
 
     def _mean(self, groups, what):
+        self._check_open()
         out = []
         for g in groups:
             host = g.detach().cpu().numpy().astype(np.float64)
@@ -102,15 +116,21 @@ class _Wrapper(abc.ABC):
         """Complete every message in flight (no-op for synchronous algorithms)."""
 
     def state_dict(self):
+        self._check_open()
         self.drain()
         return {"algorithm": self.name, "steps": self.steps}
 
     def load_state_dict(self, state):
+        self._check_open()
         if state.get("algorithm") != self.name:
             raise ValueError(f"checkpoint is for {state.get('algorithm')!r}, not {self.name!r}")
         self.steps = int(state["steps"])
 
     def free(self):
+        """Complete what is in flight and release the MPI resources (collective); a second
+        call does nothing, any other use afterwards raises ``RuntimeError``."""
+        if self._freed:
+            return
         self.drain()
         for index in self._rehomed:  # the window goes: give the parameters private memory again
             self.flat.rehome(index, self.flat.arrays[index].copy())
@@ -118,6 +138,7 @@ class _Wrapper(abc.ABC):
         for c in self.comms:
             c.free()
         self.comms = []
+        self._freed = True
 
     def __enter__(self):
         return self

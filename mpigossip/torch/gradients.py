@@ -28,16 +28,18 @@ class GradientAllReduce(AllReduce):
     gradients are ready first); a full bucket starts its nonblocking ``Iallreduce`` at once,
     while the backward pass goes on with earlier layers (the bucket of the first layers,
     complete only when backward ends, is averaged by the blocking chunked ``Allreduce``).
-    Before ``optimizer.step()`` runs (a step pre-hook on any optimizer holding these
-    parameters) the buckets are completed and every ``param.grad`` becomes a view of the averaged buffer, so the optimizer, whatever
-    it is (Adam included), sees the mean gradient, as in single-process training on the
-    union of the batches. ``step()`` after ``optimizer.step()`` then only averages the
-    floating-point buffers (BatchNorm statistics), as :class:`AllReduce` does.
+    As DDP does, the buckets are completed at the end of the backward pass (an autograd
+    callback) and every ``param.grad`` becomes a view of the averaged buffer: when
+    ``backward()`` returns, the gradients are the mean over ranks, so gradient clipping,
+    logging of norms and any optimizer (Adam included) see what single-process training on
+    the union of the batches would. ``step()`` after ``optimizer.step()`` then only averages
+    the floating-point buffers (BatchNorm statistics), as :class:`AllReduce` does.
 
-    Contract: one ``backward()`` per ``optimizer.step()`` on every rank (no gradient
-    accumulation over several backward passes); a parameter that gets no gradient in a pass
-    contributes zeros. Code that reads the gradients between ``backward()`` and
-    ``optimizer.step()`` (e.g. gradient clipping) calls :meth:`synchronize` first.
+    Contract: every rank runs the same number of ``backward()`` passes; a parameter that
+    gets no gradient in a pass contributes zeros. Several passes before one
+    ``optimizer.step()`` (gradient accumulation) sum their averaged gradients, as on one
+    process. A pass whose callback could not run (``torch.autograd.grad`` with ``inputs``)
+    is completed by the optimizer's step pre-hook, or by :meth:`synchronize`.
 
     Args:
         model: the torch module.
@@ -87,9 +89,10 @@ class GradientAllReduce(AllReduce):
     # -- during backward -------------------------------------------------------------
     def _on_grad(self, p):
         bucket, view = self._where[p]
-        if bucket.started:
-            raise RuntimeError("GradientAllReduce: a second backward() before optimizer.step(): gradient "
-                               "accumulation over several passes is not supported")
+        if not self._pending:  # the first gradient of this pass: complete them all when it ends
+            torch.autograd.Variable._execution_engine.queue_callback(self.synchronize)
+        if p in bucket.ready:
+            raise RuntimeError("GradientAllReduce: a parameter's gradient arrived twice in one backward pass")
         if p.grad.data_ptr() != view.data_ptr():
             view.copy_(p.grad)
         bucket.ready.add(p)
@@ -106,8 +109,10 @@ class GradientAllReduce(AllReduce):
         bucket.started = True
 
     def synchronize(self):
-        """Complete the averaging of this step's gradients (called by the optimizer pre-hook;
-        call it yourself before reading gradients). No-op when no backward ran since."""
+        """Complete the averaging of this pass's gradients (run at the end of every backward
+        pass; call it yourself only after gradients computed outside ``backward()``). No-op
+        when no gradient arrived since."""
+        self._check_open()
         if not self._pending:
             return
         for bucket in self.buckets:
@@ -151,6 +156,8 @@ class GradientAllReduce(AllReduce):
         self.synchronize()
 
     def free(self):
+        if self.closed:
+            return
         self.drain()
         for handle in self._hooks:
             handle.remove()

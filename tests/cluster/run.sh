@@ -1,50 +1,51 @@
 #!/usr/bin/env bash
-# The cross-node part of the test command (tests/run.sh calls it; root only): an emulated cluster of
-# 4 nodes at 1 Gbit (tests/cluster/start.sh), then
+# The cross-node part of the test command (tests/run.sh calls it; root only), in timed steps
+# (tests/steps.sh; each named in the summary, "TIMED OUT" distinct from "FAILED"): an emulated
+# cluster of 4 nodes at 1 Gbit (tests/cluster/start.sh), then
 #   - the MPI test suite (tests/mpi) at 4 ranks, one per node (TCP only), and at 8 ranks, two per
 #     node (shared memory inside a node, TCP between nodes);
 #   - `info` under 8 ranks: 4 host names, local ranks 0 and 1 on each;
 #   - one training run of every algorithm across the 4 nodes, each reaching 90% like on one node,
 #     and hierarchical runs with 2 ranks on each of the 4 nodes;
-#   - faults across nodes (tests/cluster/faults.sh): a link cut for good, the same with the
-#     package's deadline firing first, a 10 s outage ridden out with exact results, a stopped rank;
+#   - faults across nodes (tests/cluster/faults.sh, one step per case): a link cut for good, the
+#     same with the package's deadline firing first, a 10 s outage ridden out with exact results,
+#     a stopped rank;
 #   - the jobs/ scripts under a Slurm across the 4 nodes (tests/cluster/slurm_jobs.py): placement,
 #     GPU binding and threads per node, compare, bench, preemption, a lost node (NODE_FAIL, requeue,
 #     resume from the checkpoint).
 # The cluster is removed on any exit. A launch whose launcher outlives its ranks (an Open MPI 5.0.x
 # teardown bug, about 1 launch in 25: tests/cluster/mpiexec ends it with exit 3) is run again once.
+# MPIGOSSIP_TEST_SCALE multiplies every limit (as in tests/run.sh).
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")   # absolute: the ranks start in other namespaces
-LIMIT=${MPIGOSSIP_TEST_TIMEOUT:-900}
+SCALE=${MPIGOSSIP_TEST_SCALE:-1}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60} PYTHONUNBUFFERED=1
 export MPIGOSSIP_STRESS_MB=${MPIGOSSIP_CLUSTER_STRESS_MB:-4}   # 16 MB stress buffers take minutes at 1 Gbit
+. tests/steps.sh
+limit() { echo $(($1 * SCALE)); }
 OUT=$(mktemp -d)
-trap 'bash tests/cluster/stop.sh; rm -rf "$OUT"' EXIT
-bash tests/cluster/start.sh 4 1gbit 2 || exit 1
+trap 'bash tests/cluster/stop.sh; rm -rf "$OUT"; step_cleanup' EXIT
 
-failed=0
-launch() {  # NAME COMMAND...: run under the timeout, once more after a launcher teardown hang
-  local name=$1 rc start=$SECONDS
-  shift
-  for attempt in 1 2; do
-    timeout -k 10 "$LIMIT" "$@"
-    rc=$?
-    [ $rc -eq 3 ] && [ $attempt -eq 1 ] && { echo "tests/cluster/run.sh: $name: launcher hung at exit; again"; continue; }
-    break
-  done
-  if [ $rc -eq 0 ]; then echo "cluster: $name: passed in $((SECONDS - start)) s" >&2
-  else echo "cluster: $name: FAILED (exit $rc) in $((SECONDS - start)) s" >&2; failed=1; fi
+finish() {
+  if [ "${STEPS_OWNER:-0}" = 1 ]; then step_summary; exit $?; fi
+  ! grep -qE '^cluster: .*: (FAILED|TIMED OUT)' "$MPIGOSSIP_STEPS"
+  exit $?
 }
+
+if ! step "cluster: start 4 nodes" "$(limit 120)" bash tests/cluster/start.sh 4 1gbit 2; then
+  finish
+fi
 
 MPI=tests/cluster/mpiexec
 PYTEST=("$PY" -m pytest --with-mpi -q --color=no -p no:cacheprovider tests/mpi)
-launch "tests/mpi, 4 ranks on 4 nodes" $MPI -n 4 --map-by node "${PYTEST[@]}"
-launch "tests/mpi, 8 ranks on 4 nodes" $MPI -n 8 --map-by slot "${PYTEST[@]}"
+export STEP_RETRY_ON_3=1
+step "cluster: tests/mpi, 4 ranks on 4 nodes" "$(limit 400)" $MPI -n 4 --map-by node "${PYTEST[@]}"
+step "cluster: tests/mpi, 8 ranks on 4 nodes" "$(limit 600)" $MPI -n 8 --map-by slot "${PYTEST[@]}"
 
-launch "info, 8 ranks" $MPI -n 8 --map-by slot "$PY" -m mpigossip info --json >"$OUT/info.json"
-"$PY" - "$OUT/info.json" <<'PY' || { echo "cluster: info: FAILED"; failed=1; }
+step "cluster: info, 8 ranks" "$(limit 120)" $MPI -n 8 --map-by slot "$PY" -m mpigossip info --json >"$OUT/info.json"
+step "cluster: info shows 4 hosts" 60 "$PY" - "$OUT/info.json" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
 ranks = json.loads(text[text.index("{"):text.rindex("}") + 1])["ranks"]
@@ -56,11 +57,11 @@ assert all(sorted(v) == [0, 1] for v in hosts.values()), hosts
 print("cluster: info: 4 hosts, local ranks 0/1 on each")
 PY
 
-launch "train, every algorithm, 4 ranks on 4 nodes" $MPI -n 4 --map-by node "$PY" -m mpigossip train \
-  --algorithm all --quiet --out "$OUT/train"
-launch "train, hierarchical, 8 ranks on 4 nodes" $MPI -n 8 --map-by slot "$PY" -m mpigossip compare \
-  --algorithms sgp dpsgd allreduce-params gossip-push --hierarchical --lrs 0.1 --quiet --out "$OUT/hier"
-"$PY" - "$OUT" <<'PY' || { echo "cluster: accuracy: FAILED"; failed=1; }
+step "cluster: train, every algorithm, 4 ranks on 4 nodes" "$(limit 600)" $MPI -n 4 --map-by node "$PY" -m mpigossip \
+  train --algorithm all --quiet --out "$OUT/train"
+step "cluster: train, hierarchical, 8 ranks on 4 nodes" "$(limit 400)" $MPI -n 8 --map-by slot "$PY" -m mpigossip \
+  compare --algorithms sgp dpsgd allreduce-params gossip-push --hierarchical --lrs 0.1 --quiet --out "$OUT/hier"
+step "cluster: every algorithm reaches 90%" 60 "$PY" - "$OUT" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
 found = {}
@@ -73,11 +74,11 @@ low = {a: acc for a, acc in found.items() if acc < 0.90}
 assert len(found) >= 14 and not low, (found, low)
 print("cluster: accuracy: " + ", ".join(f"{a} {acc:.3f}" for a, acc in sorted(found.items())))
 PY
-start=$SECONDS
-if bash tests/cluster/faults.sh; then echo "cluster: faults: passed in $((SECONDS - start)) s" >&2
-else echo "cluster: faults: FAILED in $((SECONDS - start)) s" >&2; failed=1; fi
-start=$SECONDS
-if timeout -k 10 "$LIMIT" "$PY" -m pytest -q --color=no -p no:cacheprovider tests/cluster/slurm_jobs.py; then
-  echo "cluster: Slurm jobs on 4 nodes: passed in $((SECONDS - start)) s" >&2
-else echo "cluster: Slurm jobs on 4 nodes: FAILED in $((SECONDS - start)) s" >&2; failed=1; fi
-exit $failed
+export STEP_RETRY_ON_3=0
+
+for case in cut deadline outage stop; do
+  step "cluster: faults: $case" "$(limit 300)" bash tests/cluster/faults.sh "$case"
+done
+step "cluster: Slurm jobs on 4 nodes" "$(limit 600)" "$PY" -m pytest -q --color=no -p no:cacheprovider \
+  tests/cluster/slurm_jobs.py
+finish

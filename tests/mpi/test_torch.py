@@ -58,6 +58,9 @@ def test_sgp_wrapper_follows_pushsum_driven_by_hand(topology):
     ps.free()
 
 
+ONE_SIDED = ("easgd", "asgd", "adpsgd", "gossip-pull")
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("name", list(mgt.ALGORITHMS) + [f"{a} hierarchical" for a in mgt.HIERARCHICAL])
 def test_every_wrapper_keeps_views_and_drives_consensus(name):
@@ -78,11 +81,37 @@ def test_every_wrapper_keeps_views_and_drives_consensus(name):
             for p in model.parameters():
                 p.add_(0.01 * (c.rank + 1))  # a different "update" per rank
         algo.step()
+        if name in ONE_SIDED:  # in lockstep: how far apart they end must not depend on who ran ahead
+            c.Barrier()
     algo.drain()
     algo.flat.check_views()
     state = algo.state_dict()
     assert state["algorithm"] == name and state["steps"] == 30
+    # Consensus: the ranks drifted apart by 0.01 * (rank + 1) a step; without communication the
+    # largest distance from the mean would be 0.3 * (P - 1) / 2 after 30 steps (a wrapper that
+    # communicated nothing would leave exactly that).
+    def spread():
+        flat = torch.cat([p.detach().ravel() for p in model.parameters()]).double().numpy()
+        mean = global_sum(c, flat) / c.size
+        return max(c.allgather(float(np.abs(flat - mean).max())))
+
+    alone = 0.3 * (c.size - 1) / 2
+    if name == "allreduce":  # averages gradients, not these updates: only the initial broadcast counts
+        assert spread() == pytest.approx(alone, rel=1e-3)
+    elif name == "allreduce-params":
+        assert spread() < 1e-6
+    elif name == "asgd":  # every worker pulled the center after its push: they differ by one step's drift
+        assert spread() <= 0.01 * c.size, (spread(), alone)
+        c.Barrier()  # once every push has landed, a step without an update pulls the same center
+        algo.step()
+        assert spread() < 1e-6
+    else:  # EASGD's workers move by beta / P towards the center: the slowest to agree
+        assert spread() < (0.75 if name == "easgd" else 0.5) * alone, (name, spread(), alone)
     algo.free()
+    algo.free()  # a second free() does nothing
+    for use in (algo.step, algo.consensus_parameters, algo.state_dict):
+        with pytest.raises(RuntimeError, match="has been freed"):
+            use()  # the ranks would drift apart silently otherwise
 
 
 @pytest.mark.mpi(min_size=2)
@@ -116,11 +145,14 @@ def test_batchnorm_statistics_broadcast_averaged_and_in_the_consensus(name):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("set_to_none", [True, False])
-def test_gradient_allreduce_gives_every_rank_adam_on_the_mean_gradient(set_to_none):
-    """Against a hand-made reference on every rank: local gradients, their exact mean by a
-    blocking Allreduce, Adam. Many small buckets (two per layer), a layer unused on odd
-    steps (its gradient is then zero or absent), both ways of zeroing gradients."""
+@pytest.mark.parametrize("set_to_none, passes", [(True, 1), (False, 1), (True, 2)])
+def test_gradient_allreduce_gives_every_rank_adam_on_the_clipped_mean_gradient(set_to_none, passes):
+    """Against a hand-made reference on every rank, as DDP defines it: local gradients, their
+    exact mean by a blocking Allreduce, clipped to a norm, Adam. When backward() returns the
+    gradients are averaged (clip_grad_norm_ between backward and optimizer.step() sees the mean,
+    without a call to synchronize()). Many small buckets (two per layer), a layer unused on odd
+    steps (its gradient is then zero or absent), both ways of zeroing gradients, and gradient
+    accumulation over two backward passes."""
     c = comm()
     torch.manual_seed(0)
 
@@ -134,27 +166,35 @@ def test_gradient_allreduce_gives_every_rank_adam_on_the_mean_gradient(set_to_no
     assert len(algo.buckets) >= 4
     opt, ref_opt = torch.optim.Adam(ours.parameters(), lr=0.01), torch.optim.Adam(ref.parameters(), lr=0.01)
     rng = torch.Generator().manual_seed(1 + c.rank)
+    max_norm, clipped = 0.05, 0
 
     def loss(model, x, step):
         out = model["b"](torch.relu(model["a"](x)))
         return (out ** 2).mean() + (model["skip"](x).mean() if step % 2 == 0 else 0.0)
 
     for step in range(6):
-        x = torch.randn(8, 6, generator=rng)
+        xs = [torch.randn(8, 6, generator=rng) for _ in range(passes)]
         opt.zero_grad(set_to_none=set_to_none)
-        loss(ours, x, step).backward()
+        for x in xs:
+            loss(ours, x, step).backward()
+        norm = torch.nn.utils.clip_grad_norm_(ours.parameters(), max_norm)
         opt.step()
         algo.step()
         ref_opt.zero_grad(set_to_none=True)
-        loss(ref, x, step).backward()
+        for x in xs:
+            loss(ref, x, step).backward()
         for p in ref.parameters():
             g = np.zeros(p.shape, np.float32) if p.grad is None else p.grad.numpy().copy()
             c.Allreduce(mg_mpi().IN_PLACE, g)
             p.grad = torch.from_numpy(g / c.size)
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+        clipped += bool(ref_norm > max_norm)
+        assert float(norm) == pytest.approx(float(ref_norm), rel=1e-5), "clipping saw unaveraged gradients"
         ref_opt.step()
         for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
             np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6,
                                        err_msg=f"{name} at step {step}")
+    assert clipped >= 3, "the clipping norm never bit: the test would not see unaveraged gradients"
     same = c.allgather(torch.cat([p.detach().ravel() for p in ours.parameters()]).numpy())
     assert all(np.array_equal(same[0], s) for s in same), "ranks hold different models"
     algo.free()
