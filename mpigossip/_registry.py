@@ -15,6 +15,12 @@ OPTIONS = {"allreduce": ("bucket_mb",), "allreduce-params": _HIERARCHICAL, "easg
            "sgp": ("topology", "peers") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay"),
            "dpsgd": ("topology",) + _HIERARCHICAL, "adpsgd": ("seed",)}
 
+#: The one default of each option shared by several layers (the communicator, its torch
+#: wrapper and the command line all read it here): every method communicates every step
+#: (``tau``), OSGP's messages may arrive one step late (``max_delay``), the EASGD center's
+#: moving rate ``beta`` (each of P workers moves by beta / P), one server rank, one out-peer.
+OPTION_DEFAULTS = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers": 1, "seed": 0}
+
 #: The algorithms that take ``hierarchical=True`` (``--hierarchical``).
 HIERARCHICAL = tuple(a for a in ALGORITHMS if "hierarchical" in OPTIONS[a])
 

@@ -204,23 +204,28 @@ def describe(buf):
     return (buf.size, str(buf.dtype), "cuda" if buf.on_device else "cpu")
 
 
-def check_buffer(obj, *, comm, op, name="buffer", timeout=None, same=None):
+def check_buffer(obj, *, comm, op, name="buffer", timeout=None, same=None, error=None):
     """Collective: check ``obj`` on every rank and that all ranks agree on length and dtype.
+    The buffer must be writable (every communicator updates it in place).
 
     Args:
         same: optional ``{argument name: value}`` of settings that must also be equal on
             every rank (e.g. a chunk size that fixes how many messages are sent).
+        error: this rank's problem with another argument (a string), raised on every rank
+            together with the buffer's.
 
     Returns the :class:`Buffer`. If any rank's buffer is invalid, or lengths, dtypes or
     ``same`` values differ, every rank raises the same ``ValueError`` naming the ranks
     and the problem, instead of hanging or truncating in a later transfer.
     """
     timeout = deadline.check_timeout(timeout)
-    buf, error = None, None
+    buf = None
     try:
         buf = as_buffer(obj, name=name)
+        if not buf.on_device and not buf.array.flags.writeable:
+            raise ValueError(f"{name} is read-only; it is updated in place: pass a writable array")
     except (TypeError, ValueError) as exc:
-        error = str(exc)
+        error = str(exc) if error is None else f"{exc}; {error}"
     same = dict(same or {})
     infos = deadline.allgather(comm, (error, None if error else describe(buf), same), timeout=timeout, op=op)
     deadline.raise_gathered([e for e, _, _ in infos], op=op)

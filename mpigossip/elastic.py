@@ -3,6 +3,7 @@
 import numbers
 
 from . import buffers, kernels
+from ._registry import OPTION_DEFAULTS
 from .server import ParameterServer
 
 
@@ -53,7 +54,7 @@ class ElasticAveraging(_Worker):
             the server ranks are dedicated).
     """
 
-    def __init__(self, x, server, *, beta=0.9, tau=1, workers=None):
+    def __init__(self, x, server, *, beta=OPTION_DEFAULTS["beta"], tau=OPTION_DEFAULTS["tau"], workers=None):
         if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 < beta <= 1:
             raise ValueError(f"ElasticAveraging: beta must be in (0, 1], got {beta!r}")
         if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:

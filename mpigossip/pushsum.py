@@ -28,6 +28,7 @@ from . import buffers, kernels
 from . import topology as topo_mod
 from ._base import Communicator, check_chunk_bytes
 from ._pipeline import Pipeline, bind_mixing
+from ._registry import OPTION_DEFAULTS
 
 _TAG_STEPS = 1 << 14  # steps before tags repeat; far more than can ever be in flight
 
@@ -61,7 +62,8 @@ class PushSum(Communicator):
         comm: communicator (keyword-only).
         topology: a :mod:`mpigossip.topology` graph; default ``ExponentialGraph(peers=1)``.
         max_delay: overlap mode only: a message sent at step k must be consumed by the
-            end of step ``k + max_delay``; ``finish()`` blocks (with timeout) for older ones.
+            end of step ``k + max_delay`` (default 1, as OSGP's wrapper and ``--max-delay``);
+            ``finish()`` blocks (with timeout) for older ones.
         weight: initial PushSum weight (1.0).
         z: optional buffer of x's kind receiving ``x / w`` in the same pass as each combine.
         timeout: seconds any wait may take before the job is aborted.
@@ -74,7 +76,7 @@ class PushSum(Communicator):
 
     _name = "PushSum"
 
-    def __init__(self, x, *, comm, topology=None, max_delay=0, weight=1.0, z=None, timeout=None,
+    def __init__(self, x, *, comm, topology=None, max_delay=OPTION_DEFAULTS["max_delay"], weight=1.0, z=None, timeout=None,
                  cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2):
         super().__init__(comm, timeout)
         error = check_chunk_bytes(chunk_bytes)
@@ -88,12 +90,18 @@ class PushSum(Communicator):
         except (TypeError, ValueError) as exc:
             error = error or str(exc)
         self._validate(error)
+        zbuf, zerror = None, None
+        if z is not None:  # checked here, raised on every rank with x's checks
+            try:
+                zbuf = buffers.as_buffer(z, name="z")
+                xbuf = buffers.as_buffer(x, name="x")
+                if buffers.describe(zbuf) != buffers.describe(xbuf):
+                    zerror = f"z must match x ({xbuf}), got {zbuf}"
+            except (TypeError, ValueError) as exc:
+                zerror = zerror or (str(exc) if zbuf is None else None)
         try:
             self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout,
-                                               same={"chunk_bytes": chunk_bytes, "slots": slots})
-            zbuf = None if z is None else buffers.as_buffer(z, name="z")
-            if zbuf is not None and buffers.describe(zbuf) != buffers.describe(self.buffer):
-                raise ValueError(f"{self._name}: z must match x ({self.buffer}), got {zbuf}")
+                                               same={"chunk_bytes": chunk_bytes, "slots": slots}, error=zerror)
         except (TypeError, ValueError):
             self._free_comm()
             raise

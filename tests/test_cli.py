@@ -84,3 +84,17 @@ def test_bad_train_flags_exit_2_with_a_clear_message(monkeypatch, capsys, args, 
         parse(["train", "--quiet", *args])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count(message) == 1, err
+
+
+@pytest.mark.parametrize("command", [["train"], ["compare", "--algorithms", "sgp"]])
+def test_a_task_of_a_launch_without_process_manager_stops(tmp_path, command):
+    """What `srun` without PMI support gives: each task a singleton MPI world while Slurm says
+    the step has 2 tasks. Each would train alone into the same --out; it must stop, saying how
+    to launch."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
+    env.update(SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2", SLURM_PROCID="0")
+    proc = subprocess.run([sys.executable, "-m", "mpigossip", *command, "--quiet", "--steps", "5",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "started 2 tasks (SLURM_STEP_NUM_TASKS=2) but MPI gives this one a world of 1" in proc.stderr
+    assert "srun --mpi=pmix" in proc.stderr and not os.listdir(tmp_path)

@@ -9,7 +9,7 @@ import pytest
 from mpigossip import kernels
 
 DTYPES = [np.float32, np.float64]
-LENGTHS = [1, 7, 1001]
+LENGTHS = [1, 7, 1001, 2 * kernels.CPU_BLOCK + 3]  # the last crosses the CPU path's block boundary
 
 
 def rng_arrays(n, count, dtype, seed=0):

@@ -3,8 +3,10 @@ checkpoint state, ``free()``."""
 
 import abc
 import contextlib
+import copy
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 from .. import deadline
@@ -91,21 +93,61 @@ class _Wrapper(abc.ABC):
             self._step()
         self.steps += 1
 
+    def consensus_model(self, into=None):
+        """Collective (every rank calls it, not only the one that evaluates): the consensus
+        model, whose parameters and floating-point buffers (BatchNorm statistics) are their
+        exact means over ranks; other buffers are this rank's. The model to evaluate with a
+        decentralized algorithm, whose ranks' own models differ.
+
+        Args:
+            into: a model of the same architecture to load it into (reused across
+                evaluations), or None for a new copy of the wrapped model.
+
+        Returns:
+            ``into``, or the new model (in the wrapped model's training mode).
+        """
+        return self.load_consensus(self.consensus_parameters(), self.consensus_buffers(), into=into)
+
+    def load_consensus(self, parameters, buffers, into=None):
+        """Load means as returned by :meth:`consensus_parameters` and :meth:`consensus_buffers`
+        into ``into`` (or a new copy of the model); not collective."""
+        if into is None:
+            model = copy.deepcopy(self.model)
+        else:
+            model = into
+            model.load_state_dict(self.model.state_dict())
+        targets = dict(model.named_parameters())
+        targets.update(model.named_buffers())
+        names = {id(t): n for n, t in self.model.named_parameters()}
+        names.update((id(t), n) for n, t in self.model.named_buffers())
+        with torch.no_grad():
+            for flat, means in ((self.flat, parameters), (self.flat_buffers, buffers)):
+                for members, mean in zip(flat.params, means):
+                    at = 0
+                    for t in members:
+                        n = t.numel()
+                        dst = targets[names[id(t)]]
+                        dst.copy_(torch.from_numpy(mean[at:at + n]).view_as(dst))
+                        at += n
+        return model
+
     def consensus_parameters(self):
-        """Exact mean over ranks of the parameters the model evaluates (collective)."""
+        """Exact mean over ranks of the parameters the model evaluates: one float64 host
+        array per group of :attr:`flat` (collective: every rank calls it)."""
         return self._mean(self.model_buffers(), "consensus_parameters")
 
     def consensus_buffers(self):
-        """Exact mean over ranks of the floating-point buffers, one host array per group of
-        :attr:`flat_buffers` (collective)."""
+        """Exact mean over ranks of the floating-point buffers: one float64 host array per
+        group of :attr:`flat_buffers` (collective: every rank calls it)."""
         return self._mean(self.flat_buffers.groups, "consensus_buffers")
 
     def _mean(self, groups, what):
         self._check_open()
         out = []
+        op = f"{self.name} {what} (collective: every rank must call it)"
         for g in groups:
             host = g.detach().cpu().numpy().astype(np.float64)
-            deadline.allreduce(self.comm, host, timeout=self.timeout, op=f"{self.name} {what}")
+            deadline.allreduce(self.comm, host, timeout=self.timeout, op=op)
             out.append(host / self.comm.Get_size())
         return out
 

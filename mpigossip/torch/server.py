@@ -3,6 +3,7 @@
 import numpy as np
 
 from .. import kernels
+from .._registry import OPTION_DEFAULTS
 from ..elastic import AsyncSGD as _AsyncWorker
 from ..elastic import ElasticAveraging
 from ..server import ParameterServer
@@ -38,7 +39,8 @@ class EASGD(_WithServer, _Periodic):
     name = "easgd"
     _counters = ("calls", "exchanges")
 
-    def __init__(self, model, *, comm, beta=0.9, tau=4, servers=1, timeout=None):
+    def __init__(self, model, *, comm, beta=OPTION_DEFAULTS["beta"], tau=OPTION_DEFAULTS["tau"],
+                 servers=OPTION_DEFAULTS["servers"], timeout=None):
         self.beta, self.tau, self.servers = beta, tau, servers
         self.servers_ = []
         super().__init__(model, comm=comm, timeout=timeout)
@@ -57,7 +59,7 @@ class ASGD(_WithServer):
 
     name = "asgd"
 
-    def __init__(self, model, *, comm, servers=1, timeout=None):
+    def __init__(self, model, *, comm, servers=OPTION_DEFAULTS["servers"], timeout=None):
         self.servers, self.servers_, self.prev, self.delta = servers, [], [], []
         super().__init__(model, comm=comm, timeout=timeout)
 

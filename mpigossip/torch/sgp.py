@@ -5,6 +5,7 @@ import torch
 
 from .. import kernels
 from .. import topology as topo_mod
+from .._registry import OPTION_DEFAULTS
 from ..pushsum import PushSum
 from .base import _Wrapper
 
@@ -27,7 +28,8 @@ class SGP(_Wrapper):
     max_delay = 0
     overlap = False
 
-    def __init__(self, model, *, comm, topology=None, peers=1, hierarchical=False, node_size=None, timeout=None):
+    def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], hierarchical=False,
+                 node_size=None, timeout=None):
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
         self.hierarchical, self.node_size = bool(hierarchical), node_size
         if self.hierarchical and self.overlap:
@@ -90,7 +92,8 @@ class OSGP(SGP):
     name = "osgp"
     overlap = True
 
-    def __init__(self, model, *, comm, topology=None, peers=1, max_delay=1, timeout=None):
+    def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"],
+                 max_delay=OPTION_DEFAULTS["max_delay"], timeout=None):
         self.max_delay = max_delay
         super().__init__(model, comm=comm, topology=topology, peers=peers, timeout=timeout)
 

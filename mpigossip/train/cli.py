@@ -9,7 +9,7 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL
+from .._registry import ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL, OPTION_DEFAULTS
 
 DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
             "batch_size": 32, "steps": 300}
@@ -49,7 +49,7 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--topology", default=None, choices=topo_mod.NAMES,
                         help="sgp/osgp/dpsgd graph (default: exponential for sgp/osgp, undirected-ring for "
                         "dpsgd, which needs a doubly stochastic one: " + ", ".join(topo_mod.UNDIRECTED) + ")")
-    parser.add_argument("--peers", type=int, default=1, help="sgp/osgp out-peers per step (default: 1)")
+    parser.add_argument("--peers", type=int, default=OPTION_DEFAULTS["peers"], help="sgp/osgp out-peers per step (default: 1)")
     parser.add_argument("--hierarchical", action="store_true",
                         help="exact mean inside each node (shared memory), the algorithm between nodes: "
                         + ", ".join(HIERARCHICAL))
@@ -66,12 +66,15 @@ def add_arguments(parser, *, sweep=False):
     group.add_argument("--steps", type=int, help=f"training steps (default: {DEFAULTS['steps']})")
     group.add_argument("--epochs", type=float, help="training epochs: each rank takes EPOCHS x (training "
                        "samples / ranks) samples, the same number of steps on every rank")
-    parser.add_argument("--tau", type=int, default=1, help="easgd/gossip communication period (default: 1)")
-    parser.add_argument("--beta", type=float, default=0.9,
-                        help="easgd moving rate of the center; each of P workers moves by beta/P (default: 0.9)")
-    parser.add_argument("--servers", type=int, default=1, help="easgd/asgd parameter-server ranks (default: 1)")
-    parser.add_argument("--max-delay", type=int, default=1, help="osgp bound on message delay in steps (default: 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of data split, init, batches, gossip (default: 0)")
+    parser.add_argument("--tau", type=int, default=OPTION_DEFAULTS["tau"],
+                        help="easgd/gossip communication period (default: %(default)s)")
+    parser.add_argument("--beta", type=float, default=OPTION_DEFAULTS["beta"],
+                        help="easgd moving rate of the center; each of P workers moves by beta/P (default: %(default)s)")
+    parser.add_argument("--servers", type=int, default=OPTION_DEFAULTS["servers"],
+                        help="easgd/asgd parameter-server ranks (default: %(default)s)")
+    parser.add_argument("--max-delay", type=int, default=OPTION_DEFAULTS["max_delay"],
+                        help="osgp bound on message delay in steps (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=OPTION_DEFAULTS["seed"], help="seed of data split, init, batches, gossip (default: 0)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu, or cuda (GPU bound by local rank) (default: cpu)")
     parser.add_argument("--eval-every", type=int, default=0,
@@ -183,6 +186,30 @@ def launcher_world_size():
         if value and value.isdigit():
             return int(value)
     return None
+
+
+def launched_tasks():
+    """``(count, variable)``: how many tasks the launcher says it started in this step, or None.
+    Set by ``mpiexec``/``mpirun`` and by ``srun`` for its steps, not in a batch script itself
+    (where one process may run alone in a larger allocation)."""
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"):
+        value = os.environ.get(key)
+        if value and value.isdigit():
+            return int(value), key
+    return None
+
+
+def check_launch(world_size):
+    """Raise :class:`UsageError` when the launcher started several tasks but MPI gave this one a
+    world of its own: N separate one-rank jobs would train side by side into one ``--out``."""
+    launched = launched_tasks()
+    if launched and launched[0] > 1 and world_size == 1:
+        count, key = launched
+        raise UsageError(f"the launcher started {count} tasks ({key}={count}) but MPI gives this one a world of 1 "
+                         "rank: MPI did not reach the launcher's process manager, so every task would train "
+                         "alone. Launch with `srun --mpi=pmix` (`srun --mpi=list` shows what this Slurm offers) "
+                         "or with the mpirun/mpiexec of the MPI that mpi4py was built with "
+                         "(`python -m mpigossip info` names it)")
 
 
 def launcher_rank():

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 from .. import deadline
-from .. import torch as mgt
 
 
 def reduce(comm, values, timeout, op=MPI.SUM):
@@ -38,19 +37,14 @@ class Evaluator:
 
     def __init__(self, eval_model, x_test, y_test, *, comm, timeout):
         self.model, self.x, self.y, self.comm, self.timeout = eval_model, x_test, y_test, comm, timeout
-        self.flat = mgt.FlatParameters(eval_model)
-        self.buffers = mgt.FlatParameters.of_buffers(eval_model)
 
     def __call__(self, model, algo):
         comm, size, rank = self.comm, self.comm.Get_size(), self.comm.Get_rank()
         consensus = algo.consensus_parameters()
-        self.model.load_state_dict(model.state_dict())
+        algo.load_consensus(consensus, algo.consensus_buffers(), into=self.model)
         distance = 0.0
-        for group, mean, own in zip(self.flat.groups, consensus, algo.model_buffers()):
-            group.copy_(torch.from_numpy(mean).to(group.dtype))
+        for mean, own in zip(consensus, algo.model_buffers()):
             distance += float(((own.detach().double().cpu().numpy() - mean) ** 2).sum())
-        for group, mean in zip(self.buffers.groups, algo.consensus_buffers()):
-            group.copy_(torch.from_numpy(mean).to(group.dtype))
         distance = math.sqrt(reduce(comm, distance, self.timeout) / size)
         n = len(self.x)
         lo, hi = rank * n // size, (rank + 1) * n // size  # the consensus model: split the test set

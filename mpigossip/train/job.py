@@ -25,7 +25,8 @@ from ..info import gpu_count, local_rank, placement
 from . import checkpoint
 from . import data as data_mod
 from . import models
-from .cli import DEFAULTS, UsageError, algorithms_of, check_arguments, parse_straggler, topology_name
+from .cli import (DEFAULTS, UsageError, algorithms_of, check_arguments, check_launch, parse_straggler,
+                  topology_name)
 from .evaluate import Evaluator, reduce
 from .stop import StopAgreement
 
@@ -259,6 +260,7 @@ def fail(comm, message, code):
 
 def check_world(args, algorithms, lrs, comm):
     """The full check of the flags, now that the world size and the GPUs are known."""
+    check_launch(comm.Get_size())
     check_arguments(args, algorithms, lrs, comm.Get_size())
     if args.device == "cuda" and gpu_count() == 0:
         raise UsageError("--device cuda: no CUDA GPU is visible")

@@ -129,3 +129,31 @@ def test_chunk_bytes_must_agree_and_be_positive_on_every_rank():
         mg.AllreduceAverager(np.zeros(100), comm=c, chunk_bytes=0 if c.rank == 1 else 64)
     assert "rank 1: chunk_bytes must be a positive integer, got 0" in str(err.value)
     assert same_on_all_ranks(c, str(err.value))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("make", [
+    lambda x, c: mg.AllreduceAverager(x, comm=c), lambda x, c: mg.PushSum(x, comm=c),
+    lambda x, c: mg.Gossip(x, comm=c), lambda x, c: mg.DPSGD(x, comm=c), lambda x, c: mg.ADPSGD(x, comm=c),
+], ids=["AllreduceAverager", "PushSum", "Gossip", "DPSGD", "ADPSGD"])
+def test_a_read_only_buffer_on_one_rank_raises_everywhere_at_construction(make):
+    """It used to fail on that rank alone, mid-step (numpy's "output array is read-only"),
+    while the others waited for the deadline."""
+    c = comm()
+    x = np.zeros(8)
+    x.flags.writeable = c.rank != 1
+    with pytest.raises(ValueError) as err:
+        make(x, c)
+    assert "rank 1: x is read-only" in str(err.value).replace("buf is", "x is"), str(err.value)
+    assert same_on_all_ranks(c, str(err.value))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_pushsum_z_not_matching_x_on_one_rank_raises_everywhere():
+    c = comm()
+    x = np.zeros(8)
+    z = np.zeros(8, dtype=np.float32 if c.rank == 1 else np.float64)
+    with pytest.raises(ValueError) as err:
+        mg.PushSum(x, comm=c, z=z)
+    assert "rank 1: z must match x" in str(err.value), str(err.value)
+    assert same_on_all_ranks(c, str(err.value))

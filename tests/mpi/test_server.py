@@ -92,16 +92,22 @@ def test_easgd_conserves_mass_and_converges():
 def test_dedicated_server_and_async_sgd():
     c = comm()
     n = 32
+    workers = c.Split(0 if c.rank == 0 else 1)
     srv = mg.ParameterServer(n, np.float32, comm=c, servers=1)
     if c.rank == 0:
         assert srv.is_server
         srv.serve()  # dedicated: stays in MPI until the workers free
+        workers.Free()
         return
     x = np.zeros(n, np.float32)
     worker = mg.AsyncSGD(x, srv)
-    for _ in range(10):
+    for k in range(10):
         worker.step(np.full(n, -0.5, np.float32))  # e.g. -lr * grad
-    assert x.min() <= -5.0  # at least its own 10 pushes are in the center it pulled
+        assert x.max() <= -0.5 * (k + 1), x  # every element holds at least this worker's own pushes
+    workers.Barrier()  # every worker's pushes have landed: the center holds all of them, exactly
+    srv.pull(x)
+    np.testing.assert_array_equal(x, np.full(n, -5.0 * (c.size - 1), np.float32))
+    workers.Free()
     srv.free()
 
 

@@ -141,6 +141,19 @@ def test_batchnorm_statistics_broadcast_averaged_and_in_the_consensus(name):
         assert spread < 1e-5, "AllReduce left the ranks with different BatchNorm statistics"
     else:
         assert spread > 0.1, "the statistics were expected to stay each rank's own"
+    # The consensus model: exact means of parameters and statistics, in a copy or in a given model.
+    own = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    copy = algo.consensus_model()
+    into = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    assert algo.consensus_model(into=into) is into
+    for m in (copy, into):
+        assert m is not model
+        for key, value in m.state_dict().items():
+            expected = own[key] if key.endswith("num_batches_tracked") else \
+                torch.from_numpy(global_sum(c, own[key].double().numpy()) / c.size).to(value.dtype)
+            torch.testing.assert_close(value, expected, rtol=1e-6, atol=1e-7, msg=key)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, own[key]), "consensus_model() changed the rank's own model"
     algo.free()
 
 
