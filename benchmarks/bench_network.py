@@ -75,7 +75,7 @@ def main():
     parser.add_argument("--compute-ms", type=float, default=100.0, help="P4: one step's computation, ms (100)")
     parser.add_argument("--p4-steps", type=int, default=30, help="P4: steps per run (30)")
     parser.add_argument("--p4-algorithms", nargs="+",
-                        default=["allreduce", "sgp", "osgp", "osgp:4", "gossip-pull", "easgd"],
+                        default=["allreduce", "sgp", "osgp", "osgp:4", "agp", "gossip-pull", "easgd", "adpsgd"],
                         help="P4 algorithms; osgp:D = OSGP with max_delay D (default max_delay 1)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()

@@ -58,11 +58,16 @@ def shard_bounds(size, servers):
 
 class Communicator:
     """Base of the communicators. Owns ``self.comm``, a duplicate of the user's communicator,
-    so mpigossip's messages never match the user's own."""
+    so mpigossip's messages never match the user's own.
+
+    With ``dup=False`` it uses ``comm`` as it is and never frees it: for several communicators
+    of one owner sharing one private duplicate (context ids are finite: a model's hundreds of
+    gradient buckets must not take one each). Their collectives must then start in the same
+    order on every rank."""
 
     _name = "Communicator"
 
-    def __init__(self, comm, timeout):
+    def __init__(self, comm, timeout, *, dup=True):
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"{self._name}: comm must be an mpi4py intracommunicator, got {comm!r}")
         # Validate the timeout before the collective calls, so a bad value fails locally at once;
@@ -72,7 +77,8 @@ class Communicator:
         # hanging the blocking Dup. (Not Idup: with Open MPI 5 under --enable-recovery, aborting
         # on an Idup'ed communicator sometimes leaves the launcher hanging after every rank exited.)
         deadline.barrier(comm, timeout=self.timeout, op=f"{self._name} (construction)")
-        self.comm = comm.Dup()
+        self._owns_comm = bool(dup)
+        self.comm = comm.Dup() if dup else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         _live.add(self)
@@ -100,7 +106,7 @@ class Communicator:
         try:
             deadline.raise_collectively(self.comm, error, timeout=self.timeout, op=self._name)
         except ValueError:
-            self.comm.Free()
+            self._free_comm()
             raise
 
     def _one_node(self):
@@ -126,7 +132,9 @@ class Communicator:
 
     def _free_comm(self):
         if not self.closed:
-            self.comm.Free()
+            if self._owns_comm:
+                self.comm.Free()
+            self.comm = MPI.COMM_NULL
 
     def free(self):
         """Release the MPI resources (collective over the communicator)."""

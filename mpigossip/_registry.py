@@ -5,14 +5,15 @@ MPI are loaded.
 """
 
 #: Every algorithm, in the order tables list them.
-ALGORITHMS = ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp", "dpsgd",
-              "adpsgd")
+ALGORITHMS = ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp", "agp",
+              "dpsgd", "adpsgd")
 
 #: The options each algorithm's wrapper takes (besides ``comm`` and ``timeout``).
 _HIERARCHICAL = ("hierarchical", "node_size")
 OPTIONS = {"allreduce": ("bucket_mb",), "allreduce-params": _HIERARCHICAL, "easgd": ("beta", "tau", "servers"),
            "asgd": ("servers",), "gossip-pull": ("tau", "seed"), "gossip-push": ("tau", "seed") + _HIERARCHICAL,
            "sgp": ("topology", "peers") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay"),
+           "agp": ("topology", "peers"),
            "dpsgd": ("topology",) + _HIERARCHICAL, "adpsgd": ("seed",)}
 
 #: The one default of each option shared by several layers (the communicator, its torch
@@ -25,4 +26,4 @@ OPTION_DEFAULTS = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers":
 HIERARCHICAL = tuple(a for a in ALGORITHMS if "hierarchical" in OPTIONS[a])
 
 #: The default ``--topology`` of the algorithms that take one.
-DEFAULT_TOPOLOGY = {"sgp": "exponential", "osgp": "exponential", "dpsgd": "undirected-ring"}
+DEFAULT_TOPOLOGY = {"sgp": "exponential", "osgp": "exponential", "agp": "exponential", "dpsgd": "undirected-ring"}

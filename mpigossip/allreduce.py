@@ -22,6 +22,8 @@ class AllreduceAverager(Communicator):
             of one whole-buffer ``Allreduce``), the whole buffer when the ranks span nodes
             (over a network each chunk costs the algorithm's latency rounds again: 4 MiB chunks
             made a 16 MB mean 1.16x a raw ring ``Allreduce`` at 1 Gbit). Same on every rank.
+        dup: ``False`` uses ``comm`` as it is (a private duplicate its caller owns and frees),
+            see :class:`~mpigossip._base.Communicator`.
 
     ``average()`` blocks; ``start()`` posts a nonblocking ``Iallreduce`` that overlaps
     with computation until ``wait()``. Do not touch ``buf`` in between.
@@ -29,8 +31,8 @@ class AllreduceAverager(Communicator):
 
     _name = "AllreduceAverager"
 
-    def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None):
-        super().__init__(comm, timeout)
+    def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None, dup=True):
+        super().__init__(comm, timeout, dup=dup)
         self._validate(check_chunk_bytes(chunk_bytes, auto=True))
         try:
             self.buffer = buffers.check_buffer(buf, comm=self.comm, op=self._name, name="buf",

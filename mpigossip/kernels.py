@@ -107,10 +107,11 @@ def _blocks(n):
         yield slice(lo, min(lo + CPU_BLOCK, n))
 
 
-def weighted_sum(out, x, self_weight, recvs=(), weights=(), *, z=None, w=1.0):
+def weighted_sum(out, x, self_weight, recvs=(), weights=(), *, z=None, w=1.0, keep_recvs=False):
     """``out = self_weight * x + sum_j weights[j] * recvs[j]``; if ``z`` is given, also ``z = out / w``.
 
-    ``out`` may be ``x``. ``recvs`` are scratch (scaled in place on the CPU).
+    ``out`` may be ``x``. ``recvs`` are scratch (scaled in place on the CPU), unless
+    ``keep_recvs``: then they are left as they were (a block-sized temporary on the CPU).
     """
     recvs = list(recvs)
     weights = [float(v) for v in weights]
@@ -132,7 +133,7 @@ def weighted_sum(out, x, self_weight, recvs=(), weights=(), *, z=None, w=1.0):
                 for r, wt in zip(recvs, weights):
                     rb = r[b]
                     if wt != 1.0:
-                        np.multiply(rb, wt, out=rb)
+                        rb = np.multiply(rb, wt) if keep_recvs else np.multiply(rb, wt, out=rb)
                     np.add(ob, rb, out=ob)
             if z is not None:
                 np.divide(ob, w, out=z[b])

@@ -63,7 +63,8 @@ class PushSum(Communicator):
         topology: a :mod:`mpigossip.topology` graph; default ``ExponentialGraph(peers=1)``.
         max_delay: overlap mode only: a message sent at step k must be consumed by the
             end of step ``k + max_delay`` (default 1, as OSGP's wrapper and ``--max-delay``);
-            ``finish()`` blocks (with timeout) for older ones.
+            ``finish()`` blocks (with timeout) for older ones. ``None``: no bound, no rank
+            ever waits (Asynchronous Gradient Push: an :class:`~mpigossip.agp.AsyncPushSum`).
         weight: initial PushSum weight (1.0).
         z: optional buffer of x's kind receiving ``x / w`` in the same pass as each combine.
         timeout: seconds any wait may take before the job is aborted.
@@ -76,6 +77,12 @@ class PushSum(Communicator):
 
     _name = "PushSum"
 
+    def __new__(cls, *args, max_delay=OPTION_DEFAULTS["max_delay"], **kwargs):
+        if cls is PushSum and max_delay is None:  # unbounded delay: Asynchronous Gradient Push
+            from .agp import AsyncPushSum
+            cls = AsyncPushSum
+        return super().__new__(cls)
+
     def __init__(self, x, *, comm, topology=None, max_delay=OPTION_DEFAULTS["max_delay"], weight=1.0, z=None, timeout=None,
                  cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2):
         super().__init__(comm, timeout)
@@ -83,8 +90,9 @@ class PushSum(Communicator):
         try:
             self.topology = bind_mixing(topology, topo_mod.ExponentialGraph(peers=1), self.size, slots=slots,
                                         what="PushSum needs distinct peers")
-            if isinstance(max_delay, bool) or not isinstance(max_delay, int) or max_delay < 0:
-                raise ValueError(f"max_delay must be an integer >= 0, got {max_delay!r}")
+            if max_delay is not None and (isinstance(max_delay, bool) or not isinstance(max_delay, int)
+                                          or max_delay < 0):
+                raise ValueError(f"max_delay must be an integer >= 0 or None, got {max_delay!r}")
             if not float(weight) > 0:
                 raise ValueError(f"weight must be > 0, got {weight!r}")
         except (TypeError, ValueError) as exc:

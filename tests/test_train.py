@@ -42,7 +42,7 @@ def all_runs(tmp_path_factory):
 
 def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
     out, proc = all_runs
-    for algo in ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp",
+    for algo in ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp", "agp",
                  "dpsgd", "adpsgd"):
         s = summary(out / algo)
         assert s["final_accuracy"] >= 0.90, (algo, s)

@@ -25,14 +25,14 @@ from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 from .gossip import GossipPull, GossipPush
 from .gradients import GradientAllReduce
 from .server import ASGD, EASGD
-from .sgp import OSGP, SGP
+from .sgp import AGP, OSGP, SGP
 
-__all__ = ["ALGORITHMS", "HIERARCHICAL", "OPTIONS", "ADPSGD", "AllReduce", "ASGD", "DPSGD", "EASGD", "FlatParameters", "GossipPull", "GossipPush", "GradientAllReduce",
+__all__ = ["ALGORITHMS", "HIERARCHICAL", "OPTIONS", "ADPSGD", "AGP", "AllReduce", "ASGD", "DPSGD", "EASGD", "FlatParameters", "GossipPull", "GossipPush", "GradientAllReduce",
            "OSGP", "SGP", "broadcast_buffers", "broadcast_parameters", "make"]
 
 
 _CLASSES = {"allreduce": GradientAllReduce, "allreduce-params": AllReduce, "easgd": EASGD, "asgd": ASGD,
-            "gossip-pull": GossipPull, "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP, "dpsgd": DPSGD,
+            "gossip-pull": GossipPull, "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP, "agp": AGP, "dpsgd": DPSGD,
             "adpsgd": ADPSGD}
 
 

@@ -29,16 +29,24 @@ class _Wrapper(abc.ABC):
         self._freed = False
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
-        self.model, self.comm = model, comm
+        self.model = model
         self.timeout = deadline.check_timeout(timeout)
         self.flat = FlatParameters(model)
         self.flat_buffers = FlatParameters.of_buffers(model)
-        if broadcast:
-            broadcast_parameters(self.flat, comm, timeout=self.timeout)
-            broadcast_buffers(model, comm, timeout=self.timeout)
-        self.steps = 0
-        self._rehomed = []  # groups moved into a node's shared window (hierarchical)
-        self.comms = [self._make(array) for array in self.flat.arrays]
+        # A private duplicate for the wrapper's own collectives (broadcast, consensus), so they
+        # never match the user's messages on ``comm``; freed by free().
+        deadline.barrier(comm, timeout=self.timeout, op=f"{type(self).__name__} (construction)")
+        self.comm = comm.Dup()
+        try:
+            if broadcast:
+                broadcast_parameters(self.flat, self.comm, timeout=self.timeout)
+                broadcast_buffers(model, self.comm, timeout=self.timeout)
+            self.steps = 0
+            self._rehomed = []  # groups moved into a node's shared window (hierarchical)
+            self.comms = [self._make(array) for array in self.flat.arrays]
+        except BaseException:
+            self.comm.Free()
+            raise
 
     @abc.abstractmethod
     def _make(self, array):
@@ -181,6 +189,7 @@ class _Wrapper(abc.ABC):
             c.free()
         self.comms = []
         self._freed = True
+        self.comm.Free()
 
     def __enter__(self):
         return self

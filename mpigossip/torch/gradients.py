@@ -5,7 +5,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from .. import buffers
+from .. import buffers, deadline
 from ..allreduce import AllreduceAverager
 from .allreduce import AllReduce
 
@@ -55,7 +55,16 @@ class GradientAllReduce(AllReduce):
             raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.grad_views, self.buckets, self._where = [], [], {}
-        super().__init__(model, comm=comm, timeout=timeout)
+        # One private communicator for every bucket (not one each: a 1B-parameter model has
+        # ~160 buckets, and context ids are finite); so buckets start in one order everywhere.
+        deadline.barrier(comm, timeout=deadline.check_timeout(timeout), op="GradientAllReduce (construction)")
+        self._bucket_comm = comm.Dup()
+        try:
+            super().__init__(model, comm=comm, timeout=timeout)
+        except BaseException:
+            self._bucket_comm.Free()
+            raise
+        self._next = 0  # the next bucket to start: in list order on every rank
         self._pending = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._where]
         _instances.add(self)
@@ -78,7 +87,8 @@ class GradientAllReduce(AllReduce):
             group.append((p, lo))
             size += p.numel() * itemsize
             if size >= self.bucket_bytes or lo == 0:
-                averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout)
+                averager = AllreduceAverager(view.array[lo:hi], comm=self._bucket_comm, timeout=self.timeout,
+                                             dup=False)
                 bucket = _Bucket(averager, view, [q for q, _ in group], last=lo == 0)
                 self.buckets.append(bucket)
                 for q, start in group:
@@ -97,8 +107,14 @@ class GradientAllReduce(AllReduce):
             view.copy_(p.grad)
         bucket.ready.add(p)
         self._pending = True
-        if len(bucket.ready) == len(bucket.params) and not bucket.last:
-            self._start(bucket)
+        # Start the full buckets in list order (the same on every rank: they share one
+        # communicator); a group's last bucket waits for the end of the pass (blocking average).
+        while self._next < len(self.buckets):
+            nxt = self.buckets[self._next]
+            if nxt.last or len(nxt.ready) < len(nxt.params):
+                break
+            self._start(nxt)
+            self._next += 1
         for other in self.buckets:  # MPI progresses only inside MPI calls: drive the ones in flight
             if other.started:
                 other.averager.test()
@@ -137,6 +153,7 @@ class GradientAllReduce(AllReduce):
                 bucket.averager.wait()
             bucket.ready.clear()
             bucket.started = False
+        self._next = 0
         for view in self.grad_views:
             view.release()
         for p, (_, view) in self._where.items():
@@ -167,6 +184,7 @@ class GradientAllReduce(AllReduce):
             bucket.averager.free()
         self.buckets, self.comms = [], []
         super().free()
+        self._bucket_comm.Free()
 
 
 _instances = weakref.WeakSet()

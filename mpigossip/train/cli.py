@@ -47,9 +47,9 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--label-noise", type=float, default=0.0,
                         help="synthetic: fraction of training labels replaced at random (default: 0)")
     parser.add_argument("--topology", default=None, choices=topo_mod.NAMES,
-                        help="sgp/osgp/dpsgd graph (default: exponential for sgp/osgp, undirected-ring for "
+                        help="sgp/osgp/agp/dpsgd graph (default: exponential for sgp/osgp/agp, undirected-ring for "
                         "dpsgd, which needs a doubly stochastic one: " + ", ".join(topo_mod.UNDIRECTED) + ")")
-    parser.add_argument("--peers", type=int, default=OPTION_DEFAULTS["peers"], help="sgp/osgp out-peers per step (default: 1)")
+    parser.add_argument("--peers", type=int, default=OPTION_DEFAULTS["peers"], help="sgp/osgp/agp out-peers per step (default: %(default)s)")
     parser.add_argument("--hierarchical", action="store_true",
                         help="exact mean inside each node (shared memory), the algorithm between nodes: "
                         + ", ".join(HIERARCHICAL))

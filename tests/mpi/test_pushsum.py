@@ -200,3 +200,51 @@ def test_low_precision_and_staged(dtype):
     np.testing.assert_allclose(ps.debiased().astype(np.float64), (c.size - 1) / 2, rtol=1e-2)
     assert ps.debiased().dtype == dtype
     ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("topology", ["exponential", "random"])
+def test_agp_reaches_consensus_without_waiting(topology):
+    """Asynchronous Gradient Push: rank r starts at r (a constant vector); a step is 1 ms of
+    "compute" and one exchange; the last rank runs half as many steps more. After drain() the
+    mean is exact and every z = x / w is near it (within 1% of the initial spread, P - 1).
+    Without any compute between steps a rank can finish before any message has moved, and
+    mixing then depends on who ran ahead: AGP mixes as fast as the ranks' messages arrive."""
+    c = comm()
+    x = np.full(256, float(c.rank))
+    ps = mg.PushSum(x, comm=c, topology=mg.topology.make(topology, seed=1), max_delay=None)
+    assert type(ps).__name__ == "AsyncPushSum" and isinstance(ps, mg.PushSum)
+    for _ in range(60 if c.rank < c.size - 1 else 90):
+        time.sleep(1e-3)
+        ps.step()
+    ps.drain()
+    z = ps.debiased()
+    mean = (c.size - 1) / 2
+    assert global_sum(c, x)[0] == pytest.approx(c.size * mean, rel=1e-12)
+    assert np.all(z == z[0]), "a share was added to part of the vector"
+    spread = max(c.allgather(abs(float(z[0]) - mean)))
+    assert spread < 1e-2 * (c.size - 1), spread
+    assert "max_delay=None" in repr(ps) and "idle" in repr(ps)
+    ps.free()
+    with pytest.raises(RuntimeError, match="freed"):
+        ps.step()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_agp_bad_arguments():
+    c = comm()
+    with pytest.raises(ValueError, match="takes no z"):
+        mg.PushSum(np.zeros(4), comm=c, max_delay=None, z=np.zeros(4))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_delay must be an integer >= 0 or None"):
+            mg.PushSum(np.zeros(4), comm=c, max_delay=bad)
+    ps = mg.PushSum(np.zeros(4), comm=c, max_delay=None)
+    with pytest.raises(RuntimeError, match="start"):
+        ps.finish()
+    ps.start()
+    with pytest.raises(RuntimeError, match="finish"):
+        ps.start()
+    with pytest.raises(RuntimeError, match="finish"):
+        ps.drain()
+    ps.finish()
+    ps.free()

@@ -147,3 +147,44 @@ def test_gossip_push_matches_numpy_under_delays(kind, stage):
     np.testing.assert_allclose(to_host(x), ref, rtol=1e-12, atol=1e-9)
     g.free()
     plain.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KINDS)
+@pytest.mark.parametrize("slow", [False, True], ids=["jitter", "rank1-3x-slow"])
+def test_agp_conserves_mass_with_ranks_at_different_steps(kind, stage, slow):
+    """Asynchronous Gradient Push (max_delay=None): no rank waits, shares for a busy link
+    accumulate. With random pauses, or with rank 1 three times slower and running a third of
+    the steps (the ranks end at different step counts), Σx and Σw after drain() hold all the
+    mass; then training goes on and a second drain() holds it again. Not bit for bit: without
+    lockstep a share may be halved at every step of every rank it passes through (more halvings
+    than float64 has bits), so the check is to 1e-7 on values near 1000, where the smallest
+    share a lost or doubled message would move is 1000 / 2^28 (and most are far larger)."""
+    c = comm()
+    x = make(kind, integers(80 + c.rank, -1000, 1000))
+    d = make(kind, integers(90 + c.rank, -2, 3))
+    steps = (8 if c.rank == 1 else 24) if slow else 12 + 2 * c.rank  # <= 24 halvings: exact in float64
+    expected = global_sum(c, to_host(x)) + global_sum(c, steps * to_host(d))
+    jitter = Jitter(f"agp{slow}")
+    ps = mg.PushSum(x, comm=c, stage=stage, max_delay=None)
+    for _ in range(steps):
+        x += d           # queued on the user's stream, not synchronised
+        if slow and c.rank == 1:
+            time.sleep(3e-3)  # the others about 1 ms a step here
+        jitter()
+        ps.start()
+        jitter()
+        ps.finish()
+    assert ps.step_count == steps
+    ps.drain()
+    assert not ps.in_flight
+    np.testing.assert_allclose(global_sum(c, to_host(x)), expected, rtol=0, atol=1e-7,
+                               err_msg="AGP lost or duplicated mass")
+    assert c.allreduce(ps.weight) == pytest.approx(c.size, rel=0, abs=1e-12)
+    for _ in range(4):
+        ps.step()
+    ps.drain()
+    np.testing.assert_allclose(global_sum(c, to_host(x)), expected, rtol=0, atol=1e-7,
+                               err_msg="AGP lost mass after a drain")
+    assert c.allreduce(ps.weight) == pytest.approx(c.size, rel=0, abs=1e-12)
+    ps.free()

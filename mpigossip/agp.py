@@ -1,0 +1,254 @@
+"""Asynchronous Gradient Push (Assran & Rabbat, "Asynchronous gradient push", IEEE TAC 2021):
+PushSum in which no rank ever waits for another.
+
+``PushSum(x, comm=..., max_delay=None)`` builds an :class:`AsyncPushSum`. Each rank advances
+its own step counter and takes its out-peers from the topology at that step; ranks may be
+any number of steps apart.
+
+* ``start()`` splits off each out-peer's share of ``(x, w)`` (the column of the topology's
+  mixing matrix at this rank's step) and adds it into that peer's *accumulating* buffer. A
+  peer whose previous message has left gets the accumulated shares sent at once; one whose
+  previous message is still in flight keeps accumulating (PushSum is linear, so adding
+  shares loses no mass). Memory: at most one in-flight and one accumulating buffer per
+  out-peer, whatever the delays.
+* ``finish()`` adds every ``(x, w)`` share that has arrived, from anyone, and never blocks.
+  A share's weight travels first, in a small message probed from any source (the senders'
+  steps are not this rank's), then the share, received from that sender into one of a few
+  slots.
+* ``drain()`` (collective) sends what is accumulating, agrees with every rank on how many
+  messages each pair exchanged, and receives the rest: afterwards Σx and Σw over ranks hold
+  all the mass, exactly, even when ranks ran different numbers of steps.
+
+What it does not guarantee: a rank that stops calling ``start()``/``finish()`` stops mixing,
+and messages to or from it wait (its in-flight sends and the shares sent to it stay in MPI
+until it calls again, or ``drain()``); the consensus error then depends on how far apart
+the ranks run. Progress comes from ``Test`` calls in ``start()`` and ``finish()``; there is
+no background thread.
+"""
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from . import deadline, kernels
+from .pushsum import PushSum
+
+_TAG_X, _TAG_W = 1, 2
+
+
+class _Out:
+    """One out-peer: the message in flight to it and the shares accumulating for it."""
+
+    __slots__ = ("dst", "sending", "requests", "wsend", "accumulating", "waccum", "filled", "sent")
+
+    def __init__(self, dst, new_transport):
+        self.dst = dst
+        self.sending, self.accumulating = new_transport(), new_transport()
+        self.requests = []
+        self.wsend = np.zeros(1, dtype=np.float64)
+        self.waccum = 0.0
+        self.filled = False  # whether ``accumulating`` holds shares not yet sent
+        self.sent = 0        # messages sent to dst (compared by drain)
+
+
+class _Slot:
+    """One receive buffer: empty (``src`` None), or receiving an x share from ``src`` whose
+    weight ``w`` came first."""
+
+    __slots__ = ("transport", "request", "src", "w")
+
+    def __init__(self, transport):
+        self.transport, self.request, self.src, self.w = transport, None, None, 0.0
+
+
+class AsyncPushSum(PushSum):
+    """PushSum that never waits: built by ``PushSum(x, comm=..., max_delay=None)``.
+
+    Takes PushSum's arguments (``z`` is not supported: call :meth:`debiased`), plus
+    ``slots``: receives posted at once, each a buffer of x's size (default 2).
+    ``step()`` is ``start()`` then ``finish()``.
+    """
+
+    _name = "PushSum(max_delay=None)"
+
+    def __init__(self, x, *, comm, topology=None, max_delay=None, weight=1.0, z=None, timeout=None,
+                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2):
+        if z is not None:
+            raise ValueError("PushSum(max_delay=None) takes no z: call debiased()")
+        super().__init__(x, comm=comm, topology=topology, max_delay=None, weight=weight, timeout=timeout,
+                         cuda_aware=cuda_aware, stage=stage, chunk_bytes=chunk_bytes, slots=slots)
+        self._outs = {}                                   # dst -> _Out, made on first use
+        self._slots = [_Slot(self._new_transport()) for _ in range(max(1, slots))]
+        self._wrecv = np.zeros(1, dtype=np.float64)
+        self.received = np.zeros(self.size, dtype=np.int64)  # messages received, per source
+
+    # ------------------------------------------------------------------ receives
+    def _poll(self):
+        """Add every arrived share into ``(x, w)`` and take in new ones. Never blocks.
+
+        A sender sends the weight of a share first (small), then the share: a weight probed
+        from any source tells whom the next share comes from, and the share is received
+        from that source alone. Per source, MPI keeps the order of messages, so the k-th
+        share of a sender is paired with its k-th weight."""
+        done = [s for s in self._slots if s.src is not None and s.request.Test()]
+        if done:
+            self._add(done)
+        status = MPI.Status()
+        for slot in self._slots:
+            if slot.src is not None:
+                continue
+            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG_W, status=status):
+                break
+            slot.src = status.Get_source()
+            self.comm.Recv(self._wrecv, source=slot.src, tag=_TAG_W)  # probed: here already
+            slot.w = float(self._wrecv[0])
+            slot.request = self.comm.Irecv(slot.transport.spec, source=slot.src, tag=_TAG_X)
+
+    def _add(self, slots):
+        recvs = []
+        for slot in slots:
+            slot.transport.after_recv()
+            recvs.append(slot.transport.buffer.array)
+            self.weight += slot.w
+            self.received[slot.src] += 1
+        self.buffer.acquire()
+        kernels.weighted_sum(self.buffer.array, self.buffer.array, 1.0, recvs, [1.0] * len(recvs))
+        self.buffer.release()
+        for slot in slots:
+            slot.src, slot.request = None, None
+
+    # ------------------------------------------------------------------ sends
+    def _out(self, dst):
+        out = self._outs.get(dst)
+        if out is None:
+            out = self._outs[dst] = _Out(dst, self._new_transport)
+        return out
+
+    def _send_if_free(self, out):
+        """Send ``out``'s accumulated shares if its previous message has left."""
+        if not out.filled or (out.requests and not MPI.Request.Testall(out.requests)):
+            return
+        out.sending, out.accumulating = out.accumulating, out.sending
+        out.wsend[0], out.waccum, out.filled = out.waccum, 0.0, False
+        out.sending.before_send()
+        out.requests = [self.comm.Isend(out.wsend, dest=out.dst, tag=_TAG_W),   # the weight first
+                        self.comm.Isend(out.sending.spec, dest=out.dst, tag=_TAG_X)]
+        out.sent += 1
+
+    def start(self):
+        """Split off this step's shares of ``(x, w)`` into the out-peers' buffers and send
+        those whose previous message has left. Never blocks."""
+        self._check_open()
+        if self._started:
+            raise RuntimeError("PushSum.start(): call finish() before the next start()")
+        k = self.step_count
+        self.topology.check_step(k)
+        own, out_weights = self.topology.mixing_weights(self.rank, k)
+        if out_weights:
+            x = self.buffer.array
+            self.buffer.acquire()
+            for dst, share in sorted(out_weights.items()):
+                out = self._out(dst)
+                acc = out.accumulating.buffer.array
+                if out.filled:   # acc += share * x
+                    kernels.weighted_sum(acc, acc, 1.0, [x], [share], keep_recvs=True)
+                else:            # acc = share * x
+                    kernels.weighted_sum(acc, x, share)
+                out.waccum += share * self.weight
+                out.filled = True
+            kernels.scale(x, own)
+            self.weight *= own
+            self.buffer.release()
+            for dst in sorted(out_weights):
+                self._send_if_free(self._outs[dst])
+        self._poll()
+        self._started = True
+
+    def finish(self):
+        """Add whatever shares have arrived, from anyone; send what the out-peers' links
+        freed. Never blocks. Ends the step."""
+        self._check_open()
+        if not self._started:
+            raise RuntimeError("PushSum.finish(): start() was not called")
+        for out in self._outs.values():
+            self._send_if_free(out)
+        self._poll()
+        self._started = False
+        self.step_count += 1
+
+    def step(self):
+        """``start()`` then ``finish()``: one step that never waits."""
+        self.start()
+        self.finish()
+
+    # ------------------------------------------------------------------ drain
+    @property
+    def in_flight(self):
+        return bool(self._started or any(o.filled or o.requests for o in self._outs.values())
+                    or any(s.src is not None for s in self._slots))
+
+    def drain(self):
+        """Collective: send every accumulated share, agree on how many messages each pair
+        exchanged, and receive the rest. Afterwards Σx and Σw over ranks are exact, even when
+        the ranks ran different numbers of steps; training may go on."""
+        self._check_open()
+        if self._started:
+            raise RuntimeError("PushSum.drain(): call finish() first")
+        if self.size == 1:
+            return
+        # Every wait below keeps receiving: a peer may still be sending to this rank.
+        outs = list(self._outs.values())
+
+        def all_sent():
+            for out in outs:
+                self._send_if_free(out)
+            return not any(out.filled or (out.requests and not MPI.Request.Testall(out.requests)) for out in outs)
+
+        self._progress_until(all_sent, "drain (sends)", lambda: [o.dst for o in outs if o.filled or o.requests])
+        for out in outs:
+            out.requests = []
+        sent = np.zeros(self.size, dtype=np.int64)
+        for out in outs:
+            sent[out.dst] = out.sent
+        expected = np.zeros(self.size, dtype=np.int64)
+        counts = self.comm.Ialltoall(sent, expected)
+        self._progress_until(counts.Test, "drain (counts)", lambda: "all ranks (Ialltoall)")
+        self._progress_until(lambda: not np.any(self.received < expected), "drain (receives)",
+                             lambda: [int(r) for r in np.flatnonzero(self.received < expected)])
+        if np.any(self.received > expected):  # cannot happen: a message outside the count
+            raise RuntimeError(f"PushSum.drain(): received {self.received} but the senders count {expected}")
+
+    def _progress_until(self, done, op, who):
+        """Receive (``_poll``) until ``done()``; abort the job at the deadline naming ``who()``."""
+        start, pause = time.monotonic(), 0.0
+        while True:
+            self._poll()
+            if done():
+                return
+            if time.monotonic() - start > self.timeout:
+                peers = who()
+                if not isinstance(peers, str):
+                    peers = "rank " + ", ".join(map(str, peers))
+                deadline.abort(self.comm, f"{self._name}.{op}: timed out after {self.timeout:g} s waiting for {peers}")
+            pause = min(1e-3, pause * 2 or 1e-5)
+            time.sleep(pause)
+
+    # ------------------------------------------------------------------ end of life
+    def _complete(self):
+        if self._started:
+            self.finish()
+        self.drain()
+
+    def free(self):
+        """Collective: drain, then release the communicator."""
+        if self.closed:
+            return
+        self._complete()
+        self._free_comm()
+
+    def __repr__(self):
+        state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
+        return (f"<PushSum(max_delay=None) {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
+                f"rank={self.rank}/{self.size} {self.topology!r} step={self.step_count} weight={self.weight:.6g} "
+                f"sent={sum(o.sent for o in self._outs.values())} received={int(self.received.sum())} {state}>")
