@@ -11,6 +11,7 @@ rank must still have run the same steps, as for ``drain()``.
 """
 
 import atexit
+import itertools
 import sys
 import weakref
 
@@ -20,10 +21,14 @@ from . import deadline
 
 _live = weakref.WeakSet()  # communicators not yet freed
 _dropped = []              # collected while in flight: kept (with their buffers) until exit
+_created = itertools.count()  # construction order, the same on every rank (construction is collective)
 
 
 def _complete_at_exit():
-    for c in _dropped + list(_live):
+    # In construction order: a completion may be collective (AsyncPushSum.drain), and the
+    # ranks must meet in the same order (a WeakSet's order differs from process to process).
+    pending = {id(c): c for c in _dropped + list(_live)}
+    for c in sorted(pending.values(), key=lambda c: c._order):
         try:
             if not c.closed:
                 c._complete()
@@ -81,6 +86,7 @@ class Communicator:
         self.comm = comm.Dup() if dup else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        self._order = next(_created)
         _live.add(self)
 
     @property

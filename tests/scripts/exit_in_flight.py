@@ -3,7 +3,8 @@
     mpiexec -n N python tests/scripts/exit_in_flight.py [exit|gc]
 
 Builds every communicator and torch wrapper, leaves each with requests in flight (overlap
-PushSum and OSGP sends and receives posted, an Iallreduce started, server and gossip
+PushSum, AGP and OSGP sends and receives posted (AGP's drain at exit is collective: the ranks
+complete in construction order), an Iallreduce started, server and gossip
 windows locked), then either just ends (``exit``: the interpreter's own shutdown) or drops
 every reference and collects garbage first (``gc``). Before the fix, OSGP crashed inside
 MPI_Finalize: requests outlived the buffers they send from.
@@ -40,7 +41,7 @@ server = mg.ParameterServer(n, np.float64, comm=comm)
 keep += [server, mg.ElasticAveraging(np.ones(n), server)]
 
 torch.manual_seed(0)
-for name in ("gossip-push", "easgd", "osgp"):  # osgp last: its sends are in flight at exit
+for name in ("gossip-push", "easgd", "agp", "osgp"):  # osgp last: its sends are in flight at exit
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     algo = mgt.make(name, model, comm=comm)
