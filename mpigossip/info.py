@@ -42,6 +42,18 @@ def gpu_count():
     return 0
 
 
+def one_sided_progress():
+    """How a passive target's one-sided operations progress across nodes, from this process's
+    settings: Open MPI's TCP progress thread on or off, or unknown for another MPI."""
+    if "Open MPI" not in MPI.Get_library_version():
+        return "unknown (not Open MPI: see the README's notes on one-sided progress)"
+    value = os.environ.get("OMPI_MCA_btl_tcp_progress_thread", "").strip().lower()
+    if value in ("1", "true", "yes", "enabled"):
+        return "on (Open MPI TCP progress thread)"
+    return "off: across nodes a computing rank stalls one-sided exchanges aimed at it " \
+           "(set OMPI_MCA_btl_tcp_progress_thread=1)"
+
+
 def local_rank(comm):
     """This rank's index among the ranks on its node (``Split_type(COMM_TYPE_SHARED)``)."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -88,6 +100,7 @@ def collect(comm=None, *, timeout=60.0):
         "mpi_library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         "mpi_standard": "%d.%d" % MPI.Get_version(),
         "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "one_sided_progress": one_sided_progress(),
         "cuda_aware_mpi": aware,
         "cuda_aware_source": source,
         "numpy": numpy.__version__,
@@ -104,6 +117,7 @@ def format_text(info):
              f"mpi4py {info['mpi4py']}, MPI {info['mpi_standard']}: {info['mpi_library']}",
              f"thread level: {info['thread_level']}; CUDA-aware MPI: "
              f"{'yes' if info['cuda_aware_mpi'] else 'no'} (from {info['cuda_aware_source']})",
+             f"one-sided progress across nodes: {info['one_sided_progress']}",
              f"world size: {info['world_size']}",
              f"{'rank':>5} {'host':<20} {'local':>5} {'gpus':>5} {'gpu':>4} {'CUDA_VISIBLE_DEVICES':>20} "
              f"{'OMP_NUM_THREADS':>15} {'cpus':>4}"]

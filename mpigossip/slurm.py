@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 
-from .launcher import ROOT_DEFAULTS, find_beside_python
+from .launcher import PROGRESS_DEFAULTS, ROOT_DEFAULTS, find_beside_python
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -61,6 +61,8 @@ def command(launcher, program, environ=None):
     environ = dict(os.environ if environ is None else environ)
     if not program:
         raise LaunchError("no command to launch: python -m mpigossip launch [...] -- COMMAND ...")
+    for key, value in PROGRESS_DEFAULTS.items():  # one-sided progress across nodes (launcher.py)
+        environ.setdefault(key, value)
     if launcher == "srun":
         return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"] + list(program), environ
     if not environ.get("SLURM_NTASKS"):

@@ -126,3 +126,15 @@ def test_usage_errors():
     assert proc.returncode == 2 and "not inside a Slurm allocation" in proc.stderr, proc.stderr
     proc = run_launch(os.environ, "--retries", "-1", "--", "true")
     assert proc.returncode == 2 and "--retries must be >= 0" in proc.stderr
+
+
+def test_every_launch_turns_one_sided_progress_on_unless_the_user_chose():
+    """Open MPI's TCP progress thread (one-sided methods at the link's pace across nodes): set by
+    mpigossip-mpiexec and by `launch` with either launcher, never over the user's own setting."""
+    from mpigossip import launcher
+    key = "OMPI_MCA_btl_tcp_progress_thread"
+    for env in (launcher.local_env({}), slurm.command("srun", ["p"], {})[1],
+                slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"})[1]):
+        assert env[key] == "1"
+    assert launcher.local_env({key: "0"})[key] == "0"
+    assert slurm.command("srun", ["p"], {key: "0"})[1][key] == "0"
