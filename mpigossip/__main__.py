@@ -77,6 +77,9 @@ def build_parser():
                         help="srun --mpi=pmix, or the MPI's own mpirun inside the allocation (default: srun)")
     launch.add_argument("--retries", type=int, default=1,
                         help="launch again this many times after a crash inside MPI_Init under srun (default: 1)")
+    launch.add_argument("--progress-thread", action="store_true",
+                        help="turn on Open MPI's TCP progress thread (OMPI_MCA_btl_tcp_progress_thread=1, unless "
+                        "set): one-sided methods (easgd, asgd, gossip-pull, adpsgd) at the link's pace across nodes")
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="what every task runs")
     return parser, commands

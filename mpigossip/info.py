@@ -50,8 +50,8 @@ def one_sided_progress():
     value = os.environ.get("OMPI_MCA_btl_tcp_progress_thread", "").strip().lower()
     if value in ("1", "true", "yes", "enabled"):
         return "on (Open MPI TCP progress thread)"
-    return "off: across nodes a computing rank stalls one-sided exchanges aimed at it " \
-           "(set OMPI_MCA_btl_tcp_progress_thread=1)"
+    return "off: across nodes over TCP a computing rank stalls one-sided exchanges aimed at it " \
+           "(OMPI_MCA_btl_tcp_progress_thread=1 turns Open MPI's progress thread on)"
 
 
 def local_rank(comm):

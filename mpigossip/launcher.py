@@ -6,8 +6,6 @@ already set, what Open MPI 5 needs there:
 * ``OMPI_ALLOW_RUN_AS_ROOT=1``, ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`` when run as root;
 * ``PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe`` (more ranks than cores);
 * ``OMPI_MCA_osc=^ucx`` (silences a harmless UCX window-creation error line);
-* ``OMPI_MCA_btl_tcp_progress_thread=1`` (:data:`PROGRESS_DEFAULTS`, also set by ``python -m
-  mpigossip launch`` and the ``jobs/`` scripts): one-sided methods at the link's pace across nodes;
 
 puts this Python's ``bin`` first on ``PATH`` (so ``python`` in the command is this one)
 and ``exec``s ``mpiexec`` with the given arguments. On a cluster use the site's
@@ -24,19 +22,20 @@ LOCAL_DEFAULTS = {
 }
 ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
-#: Progress for one-sided (RMA) methods across nodes. Over Open MPI's TCP transport a passive
-#: target's gets, locks and accumulates progress only while the target rank is inside MPI, so a
-#: rank that computes stalls every exchange aimed at it (EASGD's center, gossip-pull's and AD-PSGD's
-#: windows) for up to its whole compute time. Open MPI's TCP progress thread (a thread of the MPI
-#: library, started in each process, idle on one node) serves them meanwhile. Set unless the
-#: user set it (``OMPI_MCA_btl_tcp_progress_thread=0`` turns it off); ``info`` reports it.
-PROGRESS_DEFAULTS = {"OMPI_MCA_btl_tcp_progress_thread": "1"}
+#: Progress for one-sided (RMA) methods across nodes, an explicit choice (README, "One-sided
+#: progress on your cluster"): over Open MPI's TCP transport a passive target's gets, locks and
+#: accumulates progress only while the target rank is inside MPI, so a computing rank stalls every
+#: exchange aimed at it. Open MPI's TCP progress thread serves them meanwhile (P4: gossip-pull,
+#: EASGD and AD-PSGD 1.6-2x faster across nodes) but slowed the CPU-bound MPI test suite across
+#: the emulated nodes 3.8x (2 cores for 4 ranks), so no launcher sets it by itself;
+#: ``python -m mpigossip launch --progress-thread`` and ``info`` report and apply it.
+PROGRESS_THREAD = {"OMPI_MCA_btl_tcp_progress_thread": "1"}
 
 
 def local_env(environ=None):
     """The environment for a local run: ``environ`` plus the defaults it lacks."""
     env = dict(os.environ if environ is None else environ)
-    defaults = dict(LOCAL_DEFAULTS, **PROGRESS_DEFAULTS)
+    defaults = dict(LOCAL_DEFAULTS)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         defaults.update(ROOT_DEFAULTS)
     for key, value in defaults.items():

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 
-from .launcher import PROGRESS_DEFAULTS, ROOT_DEFAULTS, find_beside_python
+from .launcher import PROGRESS_THREAD, ROOT_DEFAULTS, find_beside_python
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -56,13 +56,16 @@ def even_tasks(environ):
     return len({re.sub(r"\(x\d+\)$", "", part) for part in counts}) <= 1
 
 
-def command(launcher, program, environ=None):
-    """``(argv, env)`` that start ``program`` on every task of the allocation."""
+def command(launcher, program, environ=None, *, progress_thread=False):
+    """``(argv, env)`` that start ``program`` on every task of the allocation; with
+    ``progress_thread``, Open MPI's TCP progress thread on (one-sided methods across nodes,
+    :data:`mpigossip.launcher.PROGRESS_THREAD`) unless the environment already chose."""
     environ = dict(os.environ if environ is None else environ)
     if not program:
         raise LaunchError("no command to launch: python -m mpigossip launch [...] -- COMMAND ...")
-    for key, value in PROGRESS_DEFAULTS.items():  # one-sided progress across nodes (launcher.py)
-        environ.setdefault(key, value)
+    if progress_thread:
+        for key, value in PROGRESS_THREAD.items():
+            environ.setdefault(key, value)
     if launcher == "srun":
         return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"] + list(program), environ
     if not environ.get("SLURM_NTASKS"):
@@ -115,12 +118,13 @@ class Step:
         return 128 - rc if rc < 0 else rc
 
 
-def launch(launcher, program, *, retries=1, environ=None, say=None):
+def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thread=False):
     """Run ``program`` on the allocation's tasks; returns the exit status. See the module docstring."""
     say = say or (lambda text: print(f"mpigossip launch: {text}", file=sys.stderr, flush=True))
     if launcher not in LAUNCHERS:
         raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-    argv, env = command(launcher, program, os.environ if environ is None else environ)
+    argv, env = command(launcher, program, os.environ if environ is None else environ,
+                        progress_thread=progress_thread)
     current = None
 
     def forward(signum, frame):
@@ -149,7 +153,7 @@ def launch(launcher, program, *, retries=1, environ=None, say=None):
 
 def main(args):
     try:
-        return launch(args.launcher, args.program, retries=args.retries)
+        return launch(args.launcher, args.program, retries=args.retries, progress_thread=args.progress_thread)
     except LaunchError as exc:
         print(f"python -m mpigossip launch: error: {exc}", file=sys.stderr, flush=True)
         return 2

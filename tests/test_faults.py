@@ -112,7 +112,7 @@ def test_info_under_mpiexec():
     info = json.loads(proc.stdout)
     assert info["world_size"] == 4 and [r["rank"] for r in info["ranks"]] == [0, 1, 2, 3]
     assert info["cuda_aware_mpi"] is False and info["thread_level"] == "multiple"
-    assert info["one_sided_progress"].startswith("on (Open MPI TCP progress thread)")  # set by mpigossip-mpiexec
+    assert info["one_sided_progress"].startswith("off: ")  # an explicit choice, off by default
     assert {r["local_rank"] for r in info["ranks"]} == {0, 1, 2, 3}
     proc, _ = run(["-n", "2", sys.executable, "-m", "mpigossip", "info"], timeout=120)
     assert proc.returncode == 0 and "CUDA-aware MPI: no" in proc.stdout and proc.stdout.count("mpigossip ") == 1

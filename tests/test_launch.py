@@ -128,13 +128,24 @@ def test_usage_errors():
     assert proc.returncode == 2 and "--retries must be >= 0" in proc.stderr
 
 
-def test_every_launch_turns_one_sided_progress_on_unless_the_user_chose():
-    """Open MPI's TCP progress thread (one-sided methods at the link's pace across nodes): set by
-    mpigossip-mpiexec and by `launch` with either launcher, never over the user's own setting."""
+def test_the_progress_thread_is_an_explicit_choice():
+    """Open MPI's TCP progress thread (one-sided methods at the link's pace across nodes): off
+    unless asked for (`launch --progress-thread`, or the user's own variable), never over the
+    user's own setting."""
     from mpigossip import launcher
     key = "OMPI_MCA_btl_tcp_progress_thread"
-    for env in (launcher.local_env({}), slurm.command("srun", ["p"], {})[1],
-                slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"})[1]):
+    assert key not in launcher.local_env({}) and key not in slurm.command("srun", ["p"], {})[1]
+    for env in (slurm.command("srun", ["p"], {}, progress_thread=True)[1],
+                slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"}, progress_thread=True)[1]):
         assert env[key] == "1"
-    assert launcher.local_env({key: "0"})[key] == "0"
-    assert slurm.command("srun", ["p"], {key: "0"})[1][key] == "0"
+    assert slurm.command("srun", ["p"], {key: "0"}, progress_thread=True)[1][key] == "0"
+    from mpigossip.__main__ import parse
+    assert parse(["launch", "--progress-thread", "--", "true"]).progress_thread
+
+
+def test_info_reports_one_sided_progress(monkeypatch):
+    from mpigossip import info
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_progress_thread", "1")
+    assert info.one_sided_progress().startswith("on (Open MPI TCP progress thread)")
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_progress_thread", "0")
+    assert info.one_sided_progress().startswith("off: ")
