@@ -26,8 +26,6 @@ the ranks run. Progress comes from ``Test`` calls in ``start()`` and ``finish()`
 no background thread.
 """
 
-import time
-
 import numpy as np
 from mpi4py import MPI
 
@@ -220,19 +218,9 @@ class AsyncPushSum(PushSum):
             raise RuntimeError(f"PushSum.drain(): received {self.received} but the senders count {expected}")
 
     def _progress_until(self, done, op, who):
-        """Receive (``_poll``) until ``done()``; abort the job at the deadline naming ``who()``."""
-        start, pause = time.monotonic(), 0.0
-        while True:
-            self._poll()
-            if done():
-                return
-            if time.monotonic() - start > self.timeout:
-                peers = who()
-                if not isinstance(peers, str):
-                    peers = "rank " + ", ".join(map(str, peers))
-                deadline.abort(self.comm, f"{self._name}.{op}: timed out after {self.timeout:g} s waiting for {peers}")
-            pause = min(1e-3, pause * 2 or 1e-5)
-            time.sleep(pause)
+        """Receive (``_poll``) until ``done()``, under the deadline (naming ``who()``)."""
+        deadline.wait_until(lambda: self._poll() or done(), comm=self.comm, timeout=self.timeout,
+                            op=f"{self._name}.{op}", peer=who)
 
     # ------------------------------------------------------------------ end of life
     def _complete(self):

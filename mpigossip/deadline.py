@@ -65,11 +65,24 @@ def wait(requests, *, comm, timeout, op, peer=None):
     """
     if isinstance(requests, MPI.Request):
         requests = [requests]
-    if not requests or MPI.Request.Testall(requests):
+    if not requests:
+        return
+
+    def who():
+        pending = [i for i, r in enumerate(requests) if r != MPI.REQUEST_NULL]
+        return peer(pending) if callable(peer) else peer
+
+    wait_until(lambda: MPI.Request.Testall(requests), comm=comm, timeout=timeout, op=op, peer=who)
+
+
+def wait_until(done, *, comm, timeout, op, peer=None):
+    """Call ``done()`` (which drives MPI: ``Test`` calls) until it returns true; abort the job
+    if it has not by the deadline. ``peer`` as for :func:`wait`, or a callable ``peer()``."""
+    if done():
         return
     start = time.monotonic()
     try:
-        _poll(requests, comm, timeout, op, peer, start)
+        _poll(done, comm, timeout, op, peer, start)
     finally:
         waited[0] += time.monotonic() - start
 
@@ -82,15 +95,14 @@ def waited_seconds():
 waited = [0.0]
 
 
-def _poll(requests, comm, timeout, op, peer, start):
+def _poll(done, comm, timeout, op, peer, start):
     deadline = start + timeout
     spin_until = start + _SPIN
     pause = 0.0
-    while not MPI.Request.Testall(requests):
+    while not done():
         now = time.monotonic()
         if now > deadline:
-            pending = [i for i, r in enumerate(requests) if r != MPI.REQUEST_NULL]
-            who = peer(pending) if callable(peer) else peer
+            who = peer() if callable(peer) else peer
             if isinstance(who, (list, tuple)):
                 who = ", ".join(str(p) for p in who) or "?"
             if isinstance(who, str) and not who[:1].isdigit():

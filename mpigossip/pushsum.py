@@ -102,11 +102,15 @@ class PushSum(Communicator):
         if z is not None:  # checked here, raised on every rank with x's checks
             try:
                 zbuf = buffers.as_buffer(z, name="z")
-                xbuf = buffers.as_buffer(x, name="x")
-                if buffers.describe(zbuf) != buffers.describe(xbuf):
-                    zerror = f"z must match x ({xbuf}), got {zbuf}"
             except (TypeError, ValueError) as exc:
-                zerror = zerror or (str(exc) if zbuf is None else None)
+                zerror = str(exc)
+            else:
+                try:
+                    xbuf = buffers.as_buffer(x, name="x")
+                except (TypeError, ValueError):
+                    xbuf = None  # x's own problem: check_buffer reports it
+                if xbuf is not None and buffers.describe(zbuf) != buffers.describe(xbuf):
+                    zerror = f"z must match x ({xbuf}), got {zbuf}"
         try:
             self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout,
                                                same={"chunk_bytes": chunk_bytes, "slots": slots}, error=zerror)

@@ -21,7 +21,6 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 SIZES=${MPIGOSSIP_TEST_SIZES:-"1 2 3 4 5 8"}
 STEPS=${MPIGOSSIP_TEST_STEPS:-"units train reproduce slurm mpi cluster"}
-export MPIGOSSIP_TEST_SCALE=${MPIGOSSIP_TEST_SCALE:-1}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60}   # deadline of every wait inside the tests
 export PYTHONUNBUFFERED=1
 if [ ! -x "$PY" ]; then
@@ -30,7 +29,6 @@ if [ ! -x "$PY" ]; then
 fi
 MPIEXEC="$(dirname "$PY")/mpigossip-mpiexec"
 . tests/steps.sh
-limit() { echo $(($1 * MPIGOSSIP_TEST_SCALE)); }
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # Open MPI 5 leaves /dev/shm/sm_segment.* behind; remove the ones created by this run.
@@ -44,17 +42,17 @@ cleanup() {
 trap cleanup EXIT
 
 PYTEST=("$PY" -m pytest -q --color=no -p no:cacheprovider --strict-markers tests)
-wanted units && step "serial: units and small launches" "$(limit 600)" "${PYTEST[@]}" -m "not (train or reproduce or slurm)"
-wanted train && step "serial: training job end to end" "$(limit 600)" "${PYTEST[@]}" -m train
-wanted reproduce && step "serial: reproduce --quick" "$(limit 400)" "${PYTEST[@]}" -m reproduce
+wanted units && step "serial: units and small launches" 600 "${PYTEST[@]}" -m "not (train or reproduce or slurm)"
+wanted train && step "serial: training job end to end" 600 "${PYTEST[@]}" -m train
+wanted reproduce && step "serial: reproduce --quick" 400 "${PYTEST[@]}" -m reproduce
 if wanted slurm; then
-  step "serial: Slurm jobs, one node" "$(limit 600)" "${PYTEST[@]}" -m slurm
+  step "serial: Slurm jobs, one node" 600 "${PYTEST[@]}" -m slurm
   bash tests/slurm/stop.sh   # a step cut by its limit leaves the daemons behind
 fi
 
 if wanted mpi; then
   for n in $SIZES; do
-    step "MPI tests, world size $n" "$(limit 400)" \
+    step "MPI tests, world size $n" 400 \
       "$MPIEXEC" -n "$n" "$PY" -m pytest --with-mpi -q --color=no -p no:cacheprovider tests/mpi
   done
 fi

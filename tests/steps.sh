@@ -1,6 +1,7 @@
 # Timed steps of the test command (sourced by tests/run.sh and tests/cluster/run.sh).
 #
-#   step NAME LIMIT COMMAND...   run COMMAND under `timeout LIMIT` (the whole process group);
+#   step NAME LIMIT COMMAND...   run COMMAND under `timeout LIMIT x $MPIGOSSIP_TEST_SCALE` (the
+#                                whole process group);
 #                                one summary line: "passed in T s (P% of L s)", "FAILED (exit X)
 #                                in T s", or "TIMED OUT after L s": a slow machine names the step
 #                                that ran out of time, distinct from one that failed
@@ -31,7 +32,7 @@ step_record() {  # NAME RC SECONDS LIMIT
 }
 
 step() {  # NAME LIMIT COMMAND...
-  local name=$1 limit=$2 start=$SECONDS rc attempt
+  local name=$1 limit=$(($2 * ${MPIGOSSIP_TEST_SCALE:-1})) start=$SECONDS rc attempt
   shift 2
   echo "=== $name (limit $limit s)"
   for attempt in 1 2; do

@@ -50,15 +50,22 @@ def main(args):
         json.dump({"accuracy_runs": records, "timed_runs": timed, "simulator": sim_records,
                    "consensus_curves": curves}, f)
     minutes = (time.perf_counter() - t0) / 60
+
+    def shown(cmd):  # a launcher inside the working folder as a relative path: the report is read elsewhere
+        first = cmd[0]
+        if os.path.isabs(first) and first.startswith(os.getcwd() + os.sep):
+            first = os.path.relpath(first)
+        return shlex.join([first] + list(cmd[1:]))
+
     header = [f"Made by `{' '.join(['python -m mpigossip reproduce'] + sys.argv[2:])}` on "
               f"{time.strftime('%Y-%m-%d %H:%M')} in {minutes:.1f} min ({'quick' if args.quick else 'default'} mode).",
               "",
-              f"- accuracy runs: `{shlex.join(mpiexec)}`, p = {', '.join(map(str, setting['sizes']))}, "
+              f"- accuracy runs: `{shown(mpiexec)}`, p = {', '.join(map(str, setting['sizes']))}, "
               f"{len(setting['seeds'])} seed(s), {setting['steps']} steps, step sizes "
               f"{', '.join(map(str, setting['lrs']))}, SGD with momentum 0.9, batch 32 per rank; problem: "
               f"`{' '.join(flags)}`" + ("" if args.data_dir else
                                          " (10 classes of 8 Gaussian clusters, 20% noisy training labels)"),
-              f"- timed runs: `{shlex.join(timed_mpiexec)}`, {setting['timed_size']} ranks, "
+              f"- timed runs: `{shown(timed_mpiexec)}`, {setting['timed_size']} ranks, "
               + ("CNN width 64" if args.data_dir else f"MLP width {setting['timed_width']}")
               + f", lr {experiments.TIMED_LR}, {setting['timed_steps']} steps"
               + ("" if args.timed_mpiexec else " (on this machine: communication is nearly free here)"),

@@ -5,7 +5,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from .. import buffers, deadline
+from .. import buffers
 from ..allreduce import AllreduceAverager
 from .allreduce import AllReduce
 
@@ -55,15 +55,7 @@ class GradientAllReduce(AllReduce):
             raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.grad_views, self.buckets, self._where = [], [], {}
-        # One private communicator for every bucket (not one each: a 1B-parameter model has
-        # ~160 buckets, and context ids are finite); so buckets start in one order everywhere.
-        deadline.barrier(comm, timeout=deadline.check_timeout(timeout), op="GradientAllReduce (construction)")
-        self._bucket_comm = comm.Dup()
-        try:
-            super().__init__(model, comm=comm, timeout=timeout)
-        except BaseException:
-            self._bucket_comm.Free()
-            raise
+        super().__init__(model, comm=comm, timeout=timeout)
         self._next = 0  # the next bucket to start: in list order on every rank
         self._pending = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._where]
@@ -87,8 +79,10 @@ class GradientAllReduce(AllReduce):
             group.append((p, lo))
             size += p.numel() * itemsize
             if size >= self.bucket_bytes or lo == 0:
-                averager = AllreduceAverager(view.array[lo:hi], comm=self._bucket_comm, timeout=self.timeout,
-                                             dup=False)
+                # Every bucket on the wrapper's private communicator (not a duplicate each: a
+                # 1B-parameter model has ~160 buckets, and context ids are finite); so buckets
+                # start in one order on every rank.
+                averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout, dup=False)
                 bucket = _Bucket(averager, view, [q for q, _ in group], last=lo == 0)
                 self.buckets.append(bucket)
                 for q, start in group:
@@ -184,7 +178,6 @@ class GradientAllReduce(AllReduce):
             bucket.averager.free()
         self.buckets, self.comms = [], []
         super().free()
-        self._bucket_comm.Free()
 
 
 _instances = weakref.WeakSet()

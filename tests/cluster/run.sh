@@ -20,11 +20,9 @@ set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")   # absolute: the ranks start in other namespaces
-SCALE=${MPIGOSSIP_TEST_SCALE:-1}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60} PYTHONUNBUFFERED=1
 export MPIGOSSIP_STRESS_MB=${MPIGOSSIP_CLUSTER_STRESS_MB:-4}   # 16 MB stress buffers take minutes at 1 Gbit
 . tests/steps.sh
-limit() { echo $(($1 * SCALE)); }
 OUT=$(mktemp -d)
 trap 'bash tests/cluster/stop.sh; rm -rf "$OUT"; step_cleanup' EXIT
 
@@ -34,17 +32,17 @@ finish() {
   exit $?
 }
 
-if ! step "cluster: start 4 nodes" "$(limit 120)" bash tests/cluster/start.sh 4 1gbit 2; then
+if ! step "cluster: start 4 nodes" 120 bash tests/cluster/start.sh 4 1gbit 2; then
   finish
 fi
 
 MPI=tests/cluster/mpiexec
 PYTEST=("$PY" -m pytest --with-mpi -q --color=no -p no:cacheprovider tests/mpi)
 export STEP_RETRY_ON_3=1
-step "cluster: tests/mpi, 4 ranks on 4 nodes" "$(limit 400)" $MPI -n 4 --map-by node "${PYTEST[@]}"
-step "cluster: tests/mpi, 8 ranks on 4 nodes" "$(limit 600)" $MPI -n 8 --map-by slot "${PYTEST[@]}"
+step "cluster: tests/mpi, 4 ranks on 4 nodes" 400 $MPI -n 4 --map-by node "${PYTEST[@]}"
+step "cluster: tests/mpi, 8 ranks on 4 nodes" 600 $MPI -n 8 --map-by slot "${PYTEST[@]}"
 
-step "cluster: info, 8 ranks" "$(limit 120)" $MPI -n 8 --map-by slot "$PY" -m mpigossip info --json >"$OUT/info.json"
+step "cluster: info, 8 ranks" 120 $MPI -n 8 --map-by slot "$PY" -m mpigossip info --json >"$OUT/info.json"
 step "cluster: info shows 4 hosts" 60 "$PY" - "$OUT/info.json" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
@@ -57,9 +55,9 @@ assert all(sorted(v) == [0, 1] for v in hosts.values()), hosts
 print("cluster: info: 4 hosts, local ranks 0/1 on each")
 PY
 
-step "cluster: train, every algorithm, 4 ranks on 4 nodes" "$(limit 600)" $MPI -n 4 --map-by node "$PY" -m mpigossip \
+step "cluster: train, every algorithm, 4 ranks on 4 nodes" 600 $MPI -n 4 --map-by node "$PY" -m mpigossip \
   train --algorithm all --quiet --out "$OUT/train"
-step "cluster: train, hierarchical, 8 ranks on 4 nodes" "$(limit 400)" $MPI -n 8 --map-by slot "$PY" -m mpigossip \
+step "cluster: train, hierarchical, 8 ranks on 4 nodes" 400 $MPI -n 8 --map-by slot "$PY" -m mpigossip \
   compare --algorithms sgp dpsgd allreduce-params gossip-push --hierarchical --lrs 0.1 --quiet --out "$OUT/hier"
 step "cluster: every algorithm reaches 90%" 60 "$PY" - "$OUT" <<'PY'
 import glob, json, os, sys
@@ -77,8 +75,8 @@ PY
 export STEP_RETRY_ON_3=0
 
 for case in cut deadline outage stop; do
-  step "cluster: faults: $case" "$(limit 300)" bash tests/cluster/faults.sh "$case"
+  step "cluster: faults: $case" 300 bash tests/cluster/faults.sh "$case"
 done
-step "cluster: Slurm jobs on 4 nodes" "$(limit 600)" "$PY" -m pytest -q --color=no -p no:cacheprovider \
+step "cluster: Slurm jobs on 4 nodes" 600 "$PY" -m pytest -q --color=no -p no:cacheprovider \
   tests/cluster/slurm_jobs.py
 finish
