@@ -15,9 +15,13 @@ nodes (the emulated cluster: ``benchmarks/network.sh`` runs it at 4 and 8 ranks)
 * P4 a straggler: every step sleeps ``--compute-ms`` (rank 1: twice that) before a tiny
   forward/backward, then the algorithm's step. Throughput = the sum over ranks of steps per
   second of each rank's own run (an asynchronous rank is not held back by a slow one); the
-  figure is throughput with the straggler / without, for AllReduce, SGP, OSGP, gossip-pull
-  and EASGD. Modelling compute as a sleep keeps the ranks from competing for cores, so the
-  straggler does not free CPU for the others.
+  figure is throughput with the straggler / without (``keep``), and with the straggler against
+  AllReduce's with the straggler (``vs_allreduce``), for every algorithm (each communicates
+  every step). ``--p4-repeats`` runs every algorithm that many times, interleaved, and gives
+  medians (ratios paired within a repeat) with their range. ``exchange_ms``: the mean time a
+  rank spends inside the algorithm's ``step()`` without a straggler, beside ``link_ms``, one
+  model's bytes at the link's rate. Modelling compute as a sleep keeps the ranks from
+  competing for cores, so the straggler does not free CPU for the others.
 
 Link limit: the bytes the busiest node link must carry in one direction divided by the
 rate: ``2 (N-1)/N x S`` for an Allreduce over N nodes (each node's data must leave and the
@@ -74,6 +78,7 @@ def main():
     parser.add_argument("--p3-steps", type=int, default=3, help="P3: training steps per timed block (3)")
     parser.add_argument("--compute-ms", type=float, default=100.0, help="P4: one step's computation, ms (100)")
     parser.add_argument("--p4-steps", type=int, default=30, help="P4: steps per run (30)")
+    parser.add_argument("--p4-repeats", type=int, default=1, help="P4: runs of every algorithm, interleaved (1)")
     parser.add_argument("--p4-algorithms", nargs="+",
                         default=["allreduce", "sgp", "osgp", "osgp:4", "agp", "gossip-pull", "easgd", "adpsgd"],
                         help="P4 algorithms; osgp:D = OSGP with max_delay D (default max_delay 1)")
@@ -127,7 +132,8 @@ def main():
             if "keep" in r:
                 print(f"{r['what']:<42} {r['mb']:>4g} MB {r['ranks']} ranks/{r['nodes']} nodes: "
                       f"{r['algorithm']}: {r['steps_per_s']:.2f} -> {r['steps_per_s_straggler']:.2f} steps/s, "
-                      f"keeps {r['keep']:.3f}", flush=True)
+                      f"keeps {r['keep']:.3f}, x{r.get('vs_allreduce_straggler', float('nan')):.2f} AllReduce's "
+                      f"with the straggler, in step {r['exchange_ms']:.0f} ms", flush=True)
                 continue
             print(f"{r['what']:<42} {r['mb']:>4g} MB {r['ranks']} ranks/{r['nodes']} nodes [{r['algorithm']}]: "
                   f"ours {r['ours_ms']:.1f} ms, raw {r['other_ms']:.1f} ms, ratio {r['ratio']:.3f} "
@@ -147,13 +153,15 @@ def _model(mb, seed):
 
 
 def _trainer(name, mb, comm, seed=0, **options):
-    """(step function, algorithm) of one torch wrapper over a fresh model."""
+    """(step function, algorithm, list of seconds spent in ``algo.step()``) of one torch
+    wrapper over a fresh model."""
     import torch
     import mpigossip.torch as mgt
     model, k = _model(mb, seed)
     algo = mgt.make(name, model, comm=comm, **options)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(8, k)
+    spent = []
 
     def step(sleep_s=0.0):
         if sleep_s:
@@ -162,19 +170,61 @@ def _trainer(name, mb, comm, seed=0, **options):
         opt.zero_grad(set_to_none=False)
         loss.backward()
         opt.step()
+        t0 = time.perf_counter()
         algo.step()
-    return step, algo
+        spent.append(time.perf_counter() - t0)
+    return step, algo, spent
 
 
-def _own_rate(comm, step, steps, sleep_s):
-    """Steps per second of this rank's own run of ``steps`` steps (after 2 warm-up steps)."""
+def _own_rate(comm, step, steps, sleep_s, spent):
+    """(steps per second of this rank's own run of ``steps`` steps after 2 warm-up steps,
+    mean seconds of those steps spent in the algorithm's step)."""
     for _ in range(2):
         step(sleep_s)
     comm.Barrier()
+    del spent[:]
     t0 = time.perf_counter()
     for _ in range(steps):
         step(sleep_s)
-    return steps / (time.perf_counter() - t0)
+    return steps / (time.perf_counter() - t0), float(np.mean(spent))
+
+
+def _p4_runs(comm, args, mb, n_nodes):
+    """P4 rows for one size: every algorithm ``--p4-repeats`` times, interleaved."""
+    runs = {label: [] for label in args.p4_algorithms}  # label -> [(rate, rate_straggler, exchange_s)]
+    for _ in range(args.p4_repeats):
+        for label in args.p4_algorithms:
+            name, _, delay = label.partition(":")
+            options = {"max_delay": int(delay or 1)} if name == "osgp" else {}
+            rates, exchange = [], 0.0
+            for slow in (1.0, 2.0):
+                factor = slow if comm.rank == 1 else 1.0
+                step, algo, spent = _trainer(name, mb, comm, **options)
+                own, in_step = _own_rate(comm, step, args.p4_steps, factor * args.compute_ms / 1e3, spent)
+                algo.drain()
+                algo.free()
+                rates.append(comm.allreduce(own))
+                if slow == 1.0:
+                    exchange = comm.allreduce(in_step) / comm.size
+            runs[label].append((rates[0], rates[1], exchange))
+    base = runs.get("allreduce")
+    rows = []
+    for label, got in runs.items():
+        a = np.array(got)
+        row = {"what": "P4 straggler throughput (rank 1 2x slow)", "mb": mb, "ranks": comm.size,
+               "nodes": n_nodes, "algorithm": label, "compute_ms": args.compute_ms, "steps": args.p4_steps,
+               "repeats": len(got), "steps_per_s": float(np.median(a[:, 0])),
+               "steps_per_s_straggler": float(np.median(a[:, 1])), "keep": float(np.median(a[:, 1] / a[:, 0])),
+               "keep_range": [float(v) for v in (np.min(a[:, 1] / a[:, 0]), np.max(a[:, 1] / a[:, 0]))],
+               "runs": [[float(v) for v in r] for r in got],
+               "exchange_ms": float(np.median(a[:, 2])) * 1e3,
+               "link_ms": mb * 2 ** 20 / (args.rate_gbit * 1e9 / 8) * 1e3}
+        if base is not None:
+            b = np.array(base)
+            row["vs_allreduce"] = float(np.median(a[:, 0] / b[:, 0]))
+            row["vs_allreduce_straggler"] = float(np.median(a[:, 1] / b[:, 1]))
+        rows.append(row)
+    return rows
 
 
 def training_rows(comm, args, n_nodes):
@@ -182,8 +232,8 @@ def training_rows(comm, args, n_nodes):
     rows = []
     for mb in args.sizes_mb:
         if "p3" in args.parts and comm.size > 1:
-            sgp_step, sgp = _trainer("sgp", mb, comm)
-            ar_step, ar = _trainer("allreduce", mb, comm)
+            sgp_step, sgp, _ = _trainer("sgp", mb, comm)
+            ar_step, ar, _ = _trainer("allreduce", mb, comm)
             k = args.p3_steps
             row = side_by_side(comm, "P3 SGP step / AllReduce step (torch)", mb,
                                lambda: [sgp_step() for _ in range(k)], lambda: [ar_step() for _ in range(k)],
@@ -192,21 +242,7 @@ def training_rows(comm, args, n_nodes):
             sgp.free()
             ar.free()
         if "p4" in args.parts and comm.size > 1:
-            for label in args.p4_algorithms:
-                name, _, delay = label.partition(":")
-                options = {"max_delay": int(delay or 1)} if name == "osgp" else {}
-                rates = []
-                for slow in (1.0, 2.0):
-                    factor = slow if comm.rank == 1 else 1.0
-                    step, algo = _trainer(name, mb, comm, **options)
-                    own = _own_rate(comm, step, args.p4_steps, factor * args.compute_ms / 1e3)
-                    algo.drain()
-                    algo.free()
-                    rates.append(comm.allreduce(own))
-                rows.append({"what": "P4 straggler throughput (rank 1 2x slow)", "mb": mb, "ranks": comm.size,
-                             "nodes": n_nodes, "algorithm": label, "compute_ms": args.compute_ms,
-                             "steps_per_s": rates[0], "steps_per_s_straggler": rates[1],
-                             "keep": rates[1] / rates[0]})
+            rows += _p4_runs(comm, args, mb, n_nodes)
     return rows
 
 
