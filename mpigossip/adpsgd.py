@@ -17,7 +17,7 @@ No rank ever holds two locks, so no cycle of waits (deadlock) can form; the spli
 paper's way to that end. Σx over ranks (windows for passive ranks) changes only by the
 local updates: an exchange replaces two models by two copies of their mean. With Open
 MPI's ``Win.Allocate`` windows on one node the target needs no progress calls; across
-nodes over TCP, Open MPI's osc/rdma may (see the README's cluster notes).
+nodes over TCP, Open MPI's osc/rdma may (docs/CLUSTER.md).
 """
 
 import random

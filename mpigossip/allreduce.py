@@ -18,10 +18,9 @@ class AllreduceAverager(Communicator):
         stage: force (``True``) a host staging copy; default decides from the device.
         chunk_bytes: ``average()`` reduces the buffer in chunks of this size, scaling each
             chunk right after its ``Allreduce`` while it is in cache. Default (None): 4 MiB
-            when every rank shares one node (at 64 MB and 4 ranks measured about 0.7x the time
-            of one whole-buffer ``Allreduce``), the whole buffer when the ranks span nodes
-            (over a network each chunk costs the algorithm's latency rounds again: 4 MiB chunks
-            made a 16 MB mean 1.16x a raw ring ``Allreduce`` at 1 Gbit). Same on every rank.
+            when every rank shares one node (faster than one whole-buffer ``Allreduce`` at
+            large sizes), the whole buffer when the ranks span nodes (over a network each chunk
+            costs the algorithm's latency rounds again; docs/RESULTS.md, P1). Same on every rank.
         dup: ``False`` uses ``comm`` as it is (a private duplicate its caller owns and frees),
             see :class:`~mpigossip._base.Communicator`.
 

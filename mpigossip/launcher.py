@@ -25,9 +25,9 @@ ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"
 #: Progress for one-sided (RMA) methods across nodes, an explicit choice (README, "One-sided
 #: progress on your cluster"): over Open MPI's TCP transport a passive target's gets, locks and
 #: accumulates progress only while the target rank is inside MPI, so a computing rank stalls every
-#: exchange aimed at it. Open MPI's TCP progress thread serves them meanwhile (P4: gossip-pull,
-#: EASGD and AD-PSGD 1.6-2x faster across nodes) but slowed the CPU-bound MPI test suite across
-#: the emulated nodes 3.8x (2 cores for 4 ranks), so no launcher sets it by itself;
+#: exchange aimed at it. Open MPI's TCP progress thread serves them meanwhile (docs/RESULTS.md,
+#: P4) but slows CPU-bound runs with fewer cores than ranks (the MPI suite across the emulated
+#: nodes), so no launcher sets it by itself;
 #: ``python -m mpigossip launch --progress-thread`` and ``info`` report and apply it.
 PROGRESS_THREAD = {"OMPI_MCA_btl_tcp_progress_thread": "1"}
 

@@ -53,7 +53,7 @@ QUICK_P16 = {"algorithms": ("allreduce", "easgd", "gossip-push"), "lrs": (0.01,)
 #: parameters at 1024) so that a step's communication over a 1 Gbit link is comparable to
 #: its computation, the large step size, and the straggler case (rank 1 twice as slow).
 #: EASGD is left out: its center on one rank takes every worker's pull and push through one
-#: node's link, serialised by the lock (1.4 s per step at 8 ranks, 4.7x AllReduce, measured).
+#: node's link, serialised by the lock (several times AllReduce's step; docs/RESULTS.md).
 TIMED_ALGORITHMS = ("allreduce", "sgp", "osgp", "gossip-push")
 STRAGGLER_ALGORITHMS = ("allreduce", "sgp", "osgp")
 TIMED_LR = 0.3

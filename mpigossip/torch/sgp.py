@@ -125,7 +125,7 @@ class AGP(OSGP):
     SGP's ``x += Δ``. Without lockstep a rank may step while nothing arrives (its peers wait
     in a collective, or have finished): it keeps pushing half its mass, its weight ``w``
     halves each step, and SGP's update would move ``z = x / w`` by ``Δ / w``, a step size
-    doubling every step (measured: 7% accuracy with one rank 3x slow). Scaled by ``w``, such
+    doubling every step (one rank 3x slow ruined training: docs/API.md). Scaled by ``w``, such
     a rank runs plain SGD on its model, and the consensus moves by the ``w``-weighted mean
     of the updates."""
 
