@@ -6,7 +6,9 @@
 #
 # "p4" runs only the straggler part, at 1 and 16 MB (P4_MB), P4_REPEATS (3) interleaved repeats of
 # P4_STEPS (20) steps, with Open MPI's TCP progress thread on unless OMPI_MCA_btl_tcp_progress_thread
-# is set (0 turns it off), and writes OUT_DIR/p4-RATE.md and p4-RATE.json (about 40 minutes).
+# is set (0 turns it off), and writes OUT_DIR/p4-RATE.md and p4-RATE.json (4 ranks: about 18 minutes;
+# P4_RANKS="4 8" picks the world sizes; 8 ranks at 16 MB take far longer: EASGD's center serialises).
+# benchmarks/_network_table.py TMP OUT RATE MODE THREAD P4 rebuilds the tables from the rows' JSON files.
 #
 # For 4 ranks (one per node, TCP only) and 8 ranks (two per node): bench_network.py once per Open
 # MPI tuned Allreduce algorithm (P1: AllreduceAverager vs raw Allreduce under the same algorithm,
@@ -43,8 +45,9 @@ P4="p4 --compute-ms 200 --sizes-mb ${P4_MB:-1 16} --p4-steps ${P4_STEPS:-20} --p
     --p4-algorithms allreduce sgp osgp:4 agp gossip-pull easgd adpsgd"
 if [ "$MODE" = p4 ]; then
   export OMPI_MCA_btl_tcp_progress_thread=${OMPI_MCA_btl_tcp_progress_thread:-1} LIMIT_S=2400
-  run 4 node straggler "$P4"
-  run 8 slot straggler "$P4"
+  for n in ${P4_RANKS:-4 8}; do
+    run "$n" "$([ "$n" = 4 ] && echo node || echo slot)" straggler "$P4"
+  done
 else
   for spec in "4 node" "8 slot"; do
     set -- $spec
@@ -56,64 +59,4 @@ else
   done
 fi
 mkdir -p "$OUT"
-"$PY" - "$TMP" "$OUT" "$RATE" "$MODE" "${OMPI_MCA_btl_tcp_progress_thread:-0}" "$P4" <<'PY'
-import glob, json, os, platform, subprocess, sys
-import mpi4py, numpy
-from mpi4py import MPI
-tmp, out, rate, mode, thread, p4 = sys.argv[1:]
-rows = [r for f in sorted(glob.glob(os.path.join(tmp, "*.json"))) for r in json.load(open(f))]
-try:
-    import torch
-    torch_version = torch.__version__
-except ImportError:
-    torch_version = None
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-meta = {"commit": commit, "command": f"bash benchmarks/network.sh {rate} OUT {mode}", "p4": " ".join(p4.split()),
-        "cluster": f"tests/cluster/start.sh 4 {rate} 2 (4 emulated nodes on one 2-core machine)",
-        "tcp_progress_thread": thread == "1", "python": platform.python_version(), "mpi4py": mpi4py.__version__,
-        "mpi": MPI.Get_library_version().split(",")[0], "numpy": numpy.__version__, "torch": torch_version}
-name = "network" if mode == "all" else f"p4-{rate}"
-json.dump({"meta": meta, "rows": rows}, open(os.path.join(out, name + ".json"), "w"), indent=2)
-lines = [f"Emulated cluster: 4 nodes at {rate}, `bash benchmarks/network.sh {rate} OUT {mode}` at {commit}; "
-         f"Open MPI's TCP progress thread {'on' if thread == '1' else 'off'}."]
-if mode == "all":
-    lines += ["Medians of paired repeats, ratio = ours / raw (quartiles), link = the link's limit / time.", "",
-              "| comparison | MB | ranks | raw algorithm | ours ms | raw ms | ratio (q1-q3) | link ours | link raw |",
-              "|---|---|---|---|---|---|---|---|---|"]
-def line(r):
-    link = (f"{r['link_ours']:.2f} | {r['link_other']:.2f}") if "link_ours" in r else "- | -"
-    return (f"| {r['what']} | {r['mb']:g} | {r['ranks']} | {r['algorithm']} | {r['ours_ms']:.1f} | {r['other_ms']:.1f} | "
-            f"{r['ratio']:.3f} ({r['q1']:.2f}-{r['q3']:.2f}) | {link} |")
-for ranks in sorted({r["ranks"] for r in rows}):
-    for mb in sorted({r["mb"] for r in rows}):
-        p1 = [r for r in rows if r["ranks"] == ranks and r["mb"] == mb and r["what"].startswith("P1")]
-        if p1:
-            best = min(p1, key=lambda r: r["other_ms"])
-            lines.append(line(dict(best, algorithm=best["algorithm"] + " (fastest raw)")))
-            default = [r for r in p1 if r["algorithm"] == "default"]
-            if default and default[0] is not best:
-                lines.append(line(default[0]))
-        lines += [line(r) for r in rows if r["ranks"] == ranks and r["mb"] == mb and r["what"][:2] in ("P2", "P3")]
-p4 = [r for r in rows if r["what"].startswith("P4")]
-if p4:
-    repeats = p4[0].get("repeats", 1)
-    lines += ["", f"P4: every step sleeps {p4[0]['compute_ms']:g} ms (rank 1: twice that), then a small forward/backward "
-              "and the algorithm's step; every algorithm communicates every step. Throughput = sum over ranks of each "
-              f"rank's own steps per second; medians of {repeats} interleaved repeat(s), kept = with / without the "
-              "straggler (range over repeats), x AllReduce = against AllReduce in the same repeat with the "
-              "straggler; in step = mean ms inside the algorithm's step() without the straggler; link = one "
-              "model's bytes at the link's rate.", "",
-              "| ranks | MB | algorithm | steps/s | with rank 1 2x slow | kept (range) | x AllReduce, straggler | "
-              "in step ms | link ms |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in p4:
-        lo, hi = r.get("keep_range", [r["keep"], r["keep"]])
-        lines.append(f"| {r['ranks']} | {r['mb']:g} | {r['algorithm']} | {r['steps_per_s']:.2f} | "
-                     f"{r['steps_per_s_straggler']:.2f} | {r['keep']:.3f} ({lo:.2f}-{hi:.2f}) | "
-                     f"{r.get('vs_allreduce_straggler', float('nan')):.2f} | {r.get('exchange_ms', float('nan')):.0f} | "
-                     f"{r.get('link_ms', float('nan')):.0f} |")
-if mode == "all":
-    lines += ["", "Every raw Allreduce algorithm tried (ms): " + "; ".join(
-        f"{r['ranks']} ranks {r['mb']:g} MB {r['algorithm']} {r['other_ms']:.0f}" for r in rows if r["what"].startswith("P1"))]
-open(os.path.join(out, name + ".md"), "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+"$PY" benchmarks/_network_table.py "$TMP" "$OUT" "$RATE" "$MODE" "${OMPI_MCA_btl_tcp_progress_thread:-0}" "$P4"

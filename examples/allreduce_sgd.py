@@ -14,7 +14,7 @@ with mg.AllreduceAverager(update, comm=comm) as averager:
     for step in range(300):
         update[:] = -0.05 * problem.gradient(x)
         averager.start()          # Iallreduce: overlaps with whatever comes next
-        averager.wait()           # update is now the mean over ranks
+        averager.finish()         # update is now the mean over ranks
         x += update
 error = problem.error(x)
 if comm.rank == 0:

@@ -18,7 +18,7 @@ with mg.ParameterServer(problem.dim, np.float64, comm=comm, servers=1, init=x) a
         for step in range(300):
             worker.step(-0.05 / comm.size * problem.gradient(x))  # push -lr*g, pull the center
     else:
-        worker = mg.ElasticAveraging(x, server, beta=0.9, tau=4)  # each worker moves by 0.9 / P
+        worker = mg.Every(mg.ElasticAveraging(x, server, beta=0.9), 4)  # every 4th step; each moves by 0.9 / P
         for step in range(600):
             x -= 0.05 * problem.gradient(x)
             worker.step()

@@ -1,4 +1,4 @@
-"""Gossiping SGD (Jin et al.), pull or push, every tau steps.
+"""Gossiping SGD (Jin et al.), pull or push (mg.Every(gossip, k) for every k-th step).
     mpigossip-mpiexec -n 4 python examples/gossip.py [pull|push]"""
 
 import sys
@@ -13,7 +13,7 @@ comm = MPI.COMM_WORLD
 mode = sys.argv[1] if len(sys.argv) > 1 else "pull"
 problem = LeastSquares(comm)
 x = np.zeros(problem.dim)
-with mg.Gossip(x, comm=comm, mode=mode, seed=0, tau=1) as gossip:
+with mg.Gossip(x, comm=comm, mode=mode, seed=0) as gossip:
     for step in range(400):
         x -= 0.05 * problem.gradient(x)
         gossip.step()

@@ -10,7 +10,12 @@ Communicators work on one flat contiguous buffer (numpy, cupy or torch):
 * :class:`DPSGD` - D-PSGD's synchronous neighbour averaging (doubly stochastic);
 * :class:`ADPSGD` - AD-PSGD's asynchronous atomic pairwise averaging in RMA windows;
 * :class:`NodeMean` and :class:`Hierarchical` - the exact mean in a node's shared memory,
-  then any of the above between nodes.
+  then any of the above between nodes;
+* :class:`Every` - any of them on every k-th step only.
+
+Every one meets one interface (``mpigossip._base.Steps``): ``step()``, the pair
+``start()``/``finish()``, ``drain()``, the counter ``steps``, ``state_dict()`` and
+``load_state_dict()``, ``free()`` and ``with``.
 
 Importing the package does not initialise MPI: the communicators (and ``mpi4py.MPI``)
 are loaded on first use, so the launcher and the MPI-free commands never start MPI.
@@ -24,9 +29,10 @@ from . import kernels, topology  # noqa: E402  (neither imports MPI)
 
 _LAZY = {"AllreduceAverager": "allreduce", "AsyncSGD": "elastic", "ElasticAveraging": "elastic",
          "Gossip": "gossip", "ParameterServer": "server", "PushSum": "pushsum", "DPSGD": "dpsgd",
-         "ADPSGD": "adpsgd", "NodeMean": "node", "Hierarchical": "hierarchical", "buffers": None}
+         "ADPSGD": "adpsgd", "NodeMean": "node", "Hierarchical": "hierarchical", "Every": "periodic",
+         "buffers": None}
 
-__all__ = ["ADPSGD", "AllreduceAverager", "AsyncSGD", "DPSGD", "ElasticAveraging", "Gossip", "Hierarchical",
+__all__ = ["ADPSGD", "AllreduceAverager", "AsyncSGD", "DPSGD", "ElasticAveraging", "Every", "Gossip", "Hierarchical",
            "NodeMean", "ParameterServer", "PushSum", "buffers", "kernels", "topology", "__version__"]
 
 

@@ -68,8 +68,12 @@ def build_parser():
     rep.add_argument("--timed-mpiexec", help="launcher of the timed runs, on a cluster where communication "
                      "counts, e.g. 'tests/cluster/mpiexec --map-by node' (default: as --mpiexec; their timing "
                      "is then reported but not judged)")
-    rep.add_argument("--data-dir", help="CIFAR-10's python batches: run the experiments on CIFAR-10 with the small "
-                     "CNN instead of the synthetic problem (needs a cluster's compute)")
+    rep.add_argument("--dataset", default="fashion-mnist", choices=["fashion-mnist", "synthetic", "cifar10"],
+                     help="the problem: fashion-mnist (MLP; Debian's dataset-fashion-mnist, or --data-dir), "
+                     "synthetic (Gaussian clusters, MLP) or cifar10 (small CNN, from --data-dir; needs a cluster's "
+                     "compute) (default: %(default)s)")
+    rep.add_argument("--data-dir", help="the data set's folder (fashion-mnist: /usr/share/datasets/fashion-mnist; "
+                     "cifar10: its python batches)")
     rep.add_argument("--timeout", type=float, default=1800, help="seconds one MPI job may take (default: 1800)")
     commands["launch"] = launch = sub.add_parser(
         "launch", help="start a batch job's ranks inside its Slurm allocation (the jobs/ scripts use it)")

@@ -13,11 +13,13 @@ rank must still have run the same steps, as for ``drain()``.
 import atexit
 import itertools
 import sys
+import warnings
 import weakref
 
 from mpi4py import MPI
 
 from . import deadline
+from ._checks import integer_error
 
 _live = weakref.WeakSet()  # communicators not yet freed
 _dropped = []              # collected while in flight: kept (with their buffers) until exit
@@ -44,9 +46,7 @@ def check_chunk_bytes(chunk_bytes, *, auto=False):
     """The problem with a ``chunk_bytes`` argument (None allowed with ``auto``), or None."""
     if auto and chunk_bytes is None:
         return None
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-        return f"chunk_bytes must be a positive integer, got {chunk_bytes!r}"
-    return None
+    return integer_error(chunk_bytes, "chunk_bytes", 1)
 
 
 def shard_bounds(size, servers):
@@ -61,7 +61,125 @@ def shard_bounds(size, servers):
     return bounds
 
 
-class Communicator:
+def tag_bound():
+    """The largest message tag this MPI allows (``MPI_TAG_UB``: at least 32767)."""
+    return MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+
+
+def step_tag(step, kind=0, kinds=1):
+    """The one tag scheme: message ``kind`` (of ``kinds`` per step) of step ``step``. Steps
+    cycle modulo ``(TAG_UB + 1) // kinds``, so every tag is within the MPI's bound; a
+    communicator must never have that many steps' messages in flight (checked where a class
+    lets them pile up: :func:`tag_period`)."""
+    return (step % tag_period(kinds)) * kinds + kind
+
+
+def tag_period(kinds=1):
+    """Steps before :func:`step_tag` repeats a tag (at least 16383 with two kinds)."""
+    return (tag_bound() + 1) // kinds
+
+
+def _renamed(old, new, owner):
+    def warn():
+        warnings.warn(f"{owner}.{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+
+    def get(self):
+        warn()
+        return getattr(self, new)
+
+    def put(self, value):
+        warn()
+        setattr(self, new, value)
+    return property(get, put, doc=f"Deprecated name of :attr:`{new}`.")
+
+
+class Steps:
+    """The interface every averaging object meets (communicators and parameter-server workers):
+
+    * ``step()``: one step of the algorithm (the one verb; blocking where the algorithm is);
+    * ``start()`` / ``finish()``: the same step split around the caller's computation. Where
+      the algorithm has no overlap variant, ``start()`` runs the whole step and ``finish()``
+      does nothing, so code written for the pair runs with every class;
+    * ``drain()``: complete everything in flight (before a checkpoint, an evaluation or the
+      end; collective where the class says so); a no-op where nothing can be in flight;
+    * ``steps``: steps taken, the one counter every class keeps (``_counters`` names the
+      others a class keeps, e.g. ``exchanges``);
+    * ``state_dict()`` / ``load_state_dict()``: the counters and the class's own state
+      (e.g. PushSum's weight), after a ``drain()``; the buffer itself is the caller's to save.
+
+    Old names are kept as deprecated aliases (``_renamed``: old -> new, a ``DeprecationWarning``
+    on use)."""
+
+    _name = "Steps"
+    _counters = ("steps",)
+    _state_keys = ()  # the keys _state() adds
+    _renamed = {}
+    steps = 0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for old, new in cls.__dict__.get("_renamed", {}).items():
+            setattr(cls, old, _renamed(old, new, cls.__name__))
+
+    def step(self):
+        """One step of the algorithm."""
+        raise NotImplementedError(f"{self._name}.step()")
+
+    def start(self):
+        """Begin a step (here: the whole step; classes with an overlap variant override)."""
+        self.step()
+
+    def finish(self):
+        """Complete the step begun by :meth:`start` as far as the algorithm requires."""
+        self._check_open()
+
+    def drain(self):
+        """Complete everything in flight (nothing here)."""
+        self._check_open()
+
+    def _state(self):
+        """The class's own state besides its counters (override)."""
+        return {}
+
+    def _load_state(self, state):
+        """Restore what :meth:`_state` returned (override)."""
+
+    def state_dict(self):
+        """Counters and state after :meth:`drain` (which may be collective: every rank calls)."""
+        self._check_open()
+        self.drain()
+        state = {k: int(getattr(self, k)) for k in self._counters}
+        state.update(self._state())
+        return state
+
+    def load_state_dict(self, state):
+        """Restore a :meth:`state_dict` (nothing may be in flight)."""
+        self._check_open()
+        missing = [k for k in self._counters + self._state_keys if k not in state]
+        if missing:
+            raise ValueError(f"{self._name}.load_state_dict: the state lacks {', '.join(missing)}")
+        if self.in_flight:
+            raise RuntimeError(f"{self._name}.load_state_dict: messages are in flight; drain() first")
+        self._load_state(state)
+        for k in self._counters:
+            setattr(self, k, int(state[k]))
+
+    @property
+    def in_flight(self):
+        """Whether requests of this object are pending (then it must not vanish)."""
+        return False
+
+    def free(self):
+        """Release what this object holds."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+class Communicator(Steps):
     """Base of the communicators. Owns ``self.comm``, a duplicate of the user's communicator,
     so mpigossip's messages never match the user's own.
 
@@ -89,11 +207,6 @@ class Communicator:
         self._order = next(_created)
         _live.add(self)
 
-    @property
-    def in_flight(self):
-        """Whether requests of this communicator are pending (then it must not vanish)."""
-        return False
-
     def _complete(self):
         """Complete every request in flight (at exit: before MPI is finalized)."""
 
@@ -105,6 +218,12 @@ class Communicator:
                 _dropped.append(self)
         except AttributeError:  # construction failed before the communicator existed
             pass
+
+    @classmethod
+    def _hierarchical_error(cls, options):
+        """Why this class cannot run between nodes in :class:`~mpigossip.Hierarchical` with
+        ``options``, or None."""
+        return None
 
     def _validate(self, error):
         """Collective: raise the same ``ValueError`` on every rank if any rank has an ``error``.
@@ -145,9 +264,3 @@ class Communicator:
     def free(self):
         """Release the MPI resources (collective over the communicator)."""
         self._free_comm()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()

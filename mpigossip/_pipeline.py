@@ -10,6 +10,7 @@ CUDA-aware MPI) goes in one piece.
 """
 
 from . import buffers, kernels
+from ._checks import check_integer
 from . import topology as topo_mod
 
 
@@ -17,8 +18,7 @@ def bind_mixing(topology, default, size, *, slots, what):
     """Check the arguments a pipelined communicator shares (``slots``, its topology) and return
     the topology (``default`` if None) bound to ``size``; ``TypeError``/``ValueError`` otherwise.
     ``what`` names the peers in the message (e.g. "distinct peers")."""
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+    check_integer(slots, "slots", 1)
     if topology is None:
         topology = default
     if not isinstance(topology, topo_mod.Topology):

@@ -27,6 +27,7 @@ from mpi4py import MPI
 
 from . import buffers, deadline, kernels
 from ._base import Communicator
+from ._checks import integer_error
 
 
 class ADPSGD(Communicator):
@@ -41,12 +42,14 @@ class ADPSGD(Communicator):
     """
 
     _name = "ADPSGD"
+    _counters = ("steps", "exchanges")
+    _state_keys = ("rng",)
+    _renamed = {"step_count": "steps"}
 
     def __init__(self, x, *, comm, seed=0, timeout=None):
         super().__init__(comm, timeout)
         error = None
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            error = f"seed must be an integer, got {seed!r}"
+        error = integer_error(seed, "seed")
         self._validate(error)
         try:
             self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout)
@@ -57,7 +60,7 @@ class ADPSGD(Communicator):
         self.active = self.rank % 2 == 0
         self.passives = list(range(1, self.size, 2))
         self.exchanges = 0     # averages this rank started (active) or folds it made (passive)
-        self.step_count = 0
+        self.steps = 0
         self.last_peer = None
         self._rng = random.Random(f"{seed}:{self.rank}")
         self._x = buffers.Transport(self.buffer, stage=self.buffer.on_device)
@@ -101,17 +104,17 @@ class ADPSGD(Communicator):
             self._x.after_recv()
             self.buffer.release()
             self.exchanges += 1
-        self.step_count += 1
+        self.steps += 1
 
     def _average(self):
         peer = self._rng.choice(self.passives)
         self.last_peer = peer
         x, theirs, dt = self._x.memory, self._scratch, self.buffer.datatype
         self.win.Lock(peer, MPI.LOCK_EXCLUSIVE)
-        self._wait(self.win.Rget([theirs, dt], peer), f"step (Rget, step {self.step_count})", peer=peer)
+        self._wait(self.win.Rget([theirs, dt], peer), f"step (Rget, step {self.steps})", peer=peer)
         kernels.weighted_sum(x, x, 0.5, [theirs], [0.5])
         np.copyto(theirs, x)
-        self._wait(self.win.Rput([theirs, dt], peer), f"step (Rput, step {self.step_count})", peer=peer)
+        self._wait(self.win.Rput([theirs, dt], peer), f"step (Rput, step {self.steps})", peer=peer)
         self.win.Unlock(peer)
 
     def _fold(self):
@@ -139,6 +142,13 @@ class ADPSGD(Communicator):
             self._x.after_recv()
             self.buffer.release()
         deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.drain")
+
+    def _state(self):
+        return {"rng": self._rng.getstate()}
+
+    def _load_state(self, state):
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
 
     def free(self):
         """Collective: wait (with deadline) for every rank, then release the window."""

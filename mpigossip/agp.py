@@ -140,7 +140,7 @@ class AsyncPushSum(PushSum):
         self._check_open()
         if self._started:
             raise RuntimeError("PushSum.start(): call finish() before the next start()")
-        k = self.step_count
+        k = self.steps
         self.topology.check_step(k)
         own, out_weights = self.topology.mixing_weights(self.rank, k)
         if out_weights:
@@ -173,7 +173,7 @@ class AsyncPushSum(PushSum):
             self._send_if_free(out)
         self._poll()
         self._started = False
-        self.step_count += 1
+        self.steps += 1
 
     def step(self):
         """``start()`` then ``finish()``: one step that never waits."""
@@ -238,5 +238,5 @@ class AsyncPushSum(PushSum):
     def __repr__(self):
         state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
         return (f"<PushSum(max_delay=None) {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
-                f"rank={self.rank}/{self.size} {self.topology!r} step={self.step_count} weight={self.weight:.6g} "
+                f"rank={self.rank}/{self.size} {self.topology!r} steps={self.steps} weight={self.weight:.6g} "
                 f"sent={sum(o.sent for o in self._outs.values())} received={int(self.received.sum())} {state}>")

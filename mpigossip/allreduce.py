@@ -1,5 +1,7 @@
 """AllReduce SGD's exact averaging: ``buf = mean over ranks of buf``, in place."""
 
+import warnings
+
 from mpi4py import MPI
 
 from . import buffers, deadline, kernels
@@ -25,7 +27,7 @@ class AllreduceAverager(Communicator):
             see :class:`~mpigossip._base.Communicator`.
 
     ``average()`` blocks; ``start()`` posts a nonblocking ``Iallreduce`` that overlaps
-    with computation until ``wait()``. Do not touch ``buf`` in between.
+    with computation until ``finish()``. Do not touch ``buf`` in between.
     """
 
     _name = "AllreduceAverager"
@@ -45,7 +47,13 @@ class AllreduceAverager(Communicator):
             chunk_bytes = 4 << 20 if self._one_node() else max(1, self.buffer.nbytes)
         self.chunk_bytes = chunk_bytes
         self._chunk = max(1, chunk_bytes // self.buffer.dtype.itemsize)
-        self.rounds = 0
+        self.steps = 0
+
+    _renamed = {"rounds": "steps"}
+
+    def step(self):
+        """The blocking exact mean (:meth:`average`)."""
+        self.average()
 
     def average(self):
         """Blocking exact mean.
@@ -58,7 +66,7 @@ class AllreduceAverager(Communicator):
         """
         self._check_idle()
         if self.size == 1:
-            self.rounds += 1
+            self.steps += 1
             return
         t = self._transport
         t.before_send()
@@ -75,7 +83,7 @@ class AllreduceAverager(Communicator):
             t.after_recv()
             kernels.scale(array, inv)
             self.buffer.release()
-        self.rounds += 1
+        self.steps += 1
 
     def start(self):
         """Post the nonblocking ``Iallreduce``; returns at once."""
@@ -89,11 +97,11 @@ class AllreduceAverager(Communicator):
             raise RuntimeError(f"{self._name}.test(): nothing started")
         return self._request.Test()
 
-    def wait(self):
+    def finish(self):
         """Complete the started average and scale by ``1/size``."""
         if self._request is None:
-            raise RuntimeError(f"{self._name}.wait(): start() was not called")
-        self._wait(self._request, "wait", peer="all ranks (Iallreduce)")
+            raise RuntimeError(f"{self._name}.finish(): start() was not called")
+        self._wait(self._request, "finish", peer="all ranks (Iallreduce)")
         self._request = None
         self._transport.after_recv()
         self._finish()
@@ -102,12 +110,22 @@ class AllreduceAverager(Communicator):
         if self.size > 1:
             kernels.scale(self.buffer.array, 1.0 / self.size)
             self.buffer.release()
-        self.rounds += 1
+        self.steps += 1
+
+    def wait(self):
+        """Deprecated name of :meth:`finish`."""
+        warnings.warn("AllreduceAverager.wait() is deprecated: use finish()", DeprecationWarning, stacklevel=2)
+        self.finish()
+
+    def drain(self):
+        """Complete a started average, if any."""
+        self._check_open()
+        self._complete()
 
     def _check_idle(self):
         self._check_open()
         if self._request is not None:
-            raise RuntimeError(f"{self._name}: an average is in flight; call wait() first")
+            raise RuntimeError(f"{self._name}: an average is in flight; call finish() first")
 
     @property
     def in_flight(self):
@@ -115,7 +133,7 @@ class AllreduceAverager(Communicator):
 
     def _complete(self):
         if self._request is not None:
-            self.wait()
+            self.finish()
 
     def free(self):
         if not self.closed:
@@ -125,4 +143,4 @@ class AllreduceAverager(Communicator):
     def __repr__(self):
         state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
         return (f"<AllreduceAverager {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
-                f"ranks={self.size} rounds={self.rounds} {state}>")
+                f"ranks={self.size} steps={self.steps} {state}>")

@@ -13,7 +13,7 @@ symmetric ``W`` (Metropolis-Hastings or lazy weights); a directed regular graph
 
 from . import buffers
 from . import topology as topo_mod
-from ._base import Communicator, check_chunk_bytes
+from ._base import Communicator, check_chunk_bytes, step_tag
 from ._pipeline import Pipeline, bind_mixing
 
 
@@ -30,6 +30,7 @@ class DPSGD(Communicator):
     """
 
     _name = "DPSGD"
+    _renamed = {"step_count": "steps"}
 
     def __init__(self, x, *, comm, topology=None, timeout=None, cuda_aware=None, stage=None,
                  chunk_bytes=4 << 20, slots=2):
@@ -48,7 +49,7 @@ class DPSGD(Communicator):
         except (TypeError, ValueError):
             self._free_comm()
             raise
-        self.step_count = 0
+        self.steps = 0
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
                                   cuda_aware=cuda_aware)
@@ -56,17 +57,17 @@ class DPSGD(Communicator):
     def step(self):
         """One averaging round with this step's neighbours (collective over the graph)."""
         self._check_open()
-        k = self.step_count
+        k = self.steps
         self.topology.check_step(k, doubly=True)
         self_weight, out_weights = self.topology.mixing_weights(self.rank, k)
         ins = self.topology.in_peers(self.rank, k)
         weights = [self.topology.mixing_weights(src, k)[1][self.rank] for src in ins]
-        self._pipeline.run(sorted(out_weights), ins, k % (1 << 20), f"step (step {k})",
+        self._pipeline.run(sorted(out_weights), ins, step_tag(k), f"step (step {k})",
                            self_weight=self_weight, weights=weights)
         self.buffer.release()
-        self.step_count += 1
+        self.steps += 1
 
     def __repr__(self):
         state = "freed" if self.closed else "open"
         return (f"<DPSGD {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
-                f"{self.size} {self.topology!r} step={self.step_count} {state}>")
+                f"{self.size} {self.topology!r} steps={self.steps} {state}>")

@@ -1,8 +1,11 @@
 """Workers of the parameter server: Elastic Averaging SGD and asynchronous (Downpour) SGD."""
 
 import numbers
+import warnings
 
 from . import buffers, kernels
+from ._base import Steps
+from ._checks import check_integer
 from ._registry import OPTION_DEFAULTS
 from .server import ParameterServer
 
@@ -17,21 +20,29 @@ def _check_worker(x, server, name):
     return buf
 
 
-class _Worker:
-    """Workers own no MPI object (the server does); ``free()`` drops their scratch memory."""
+class _Worker(Steps):
+    """Workers own no MPI object (the server does); ``free()`` drops their scratch memory.
+    Their steps are one-sided: no collective, no message in flight afterwards."""
+
+    _closed = False
+
+    @property
+    def closed(self):
+        return self._closed or self.server.closed
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError(f"{self._name} has been freed")
+        self.server._check_open()
 
     def free(self):
         self._center = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
+        self._closed = True
 
 
 class ElasticAveraging(_Worker):
-    """EASGD worker: every ``tau`` steps, ``u = alpha * (x - center)``; ``center += u``; ``x -= u``.
+    """EASGD worker: each step, ``u = alpha * (x - center)``; ``center += u``; ``x -= u``
+    (every ``tau`` steps: ``mpigossip.Every(ElasticAveraging(...), tau)``).
 
     ``alpha = beta / workers`` is each worker's elastic rate, as in the EASGD paper
     (Zhang et al. 2015: ``alpha = beta / p``): ``beta`` is the moving rate of the center
@@ -48,50 +59,58 @@ class ElasticAveraging(_Worker):
         x: this worker's parameters (numpy/cupy/torch), updated in place.
         server: the :class:`ParameterServer` holding the center.
         beta: the center's moving rate in (0, 1] (0.9, as in the EASGD paper).
-        tau: communication period in steps (>= 1).
+        tau: deprecated: ``tau=k`` > 1 returns ``mpigossip.Every(ElasticAveraging(...), k)``,
+            with a ``DeprecationWarning``.
         workers: how many workers exchange with the center (default: every rank of the
             server's communicator, i.e. co-located servers; pass ``size - servers`` when
             the server ranks are dedicated).
     """
 
-    def __init__(self, x, server, *, beta=OPTION_DEFAULTS["beta"], tau=OPTION_DEFAULTS["tau"], workers=None):
+    _name = "ElasticAveraging"
+    _renamed = {"calls": "steps", "exchanges": "steps"}
+
+    def __new__(cls, *args, tau=1, **kwargs):
+        if isinstance(tau, int) and not isinstance(tau, bool) and tau > 1:
+            from .periodic import Every
+            warnings.warn(f"ElasticAveraging(tau={tau}) is deprecated: use mpigossip.Every(ElasticAveraging(...), "
+                          f"{tau})", DeprecationWarning, stacklevel=2)
+            inner = super().__new__(cls)
+            inner.__init__(*args, **kwargs)
+            return Every(inner, tau)
+        return super().__new__(cls)
+
+    def __init__(self, x, server, *, beta=OPTION_DEFAULTS["beta"], tau=1, workers=None):
         if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 < beta <= 1:
             raise ValueError(f"ElasticAveraging: beta must be in (0, 1], got {beta!r}")
-        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-            raise ValueError(f"ElasticAveraging: tau must be an integer >= 1, got {tau!r}")
+        check_integer(tau, "tau", 1, owner="ElasticAveraging")
         self.buffer = _check_worker(x, server, "ElasticAveraging")
         if workers is None:
             workers = server.size
-        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= server.size:
-            raise ValueError(f"ElasticAveraging: workers must be an integer in [1, {server.size}], got {workers!r}")
-        self.server, self.beta, self.tau, self.workers = server, float(beta), tau, workers
+        check_integer(workers, "workers", 1, server.size, owner="ElasticAveraging")
+        self.server, self.beta, self.workers = server, float(beta), workers
         self.alpha = self.beta / workers
         self._center = buffers.scratch(self.buffer)  # pulled center, then u, in place
-        self.calls = 0
-        self.exchanges = 0
+        self.steps = 0
 
     def step(self):
-        """Count one local step; every ``tau``-th call do the elastic exchange. Returns
-        whether it did."""
-        self.calls += 1
-        if self.calls % self.tau:
-            return False
-        self.exchange()
-        return True
-
-    def exchange(self):
-        """Pull the center, move both toward each other by ``alpha * (x - center)``."""
+        """The elastic exchange: pull the center, move both toward each other by
+        ``alpha * (x - center)``."""
+        self._check_open()
         center = self._center.array
         self.server.pull(center)
         self.buffer.acquire()  # the user's pending writes to x come first
         kernels.elastic(self.buffer.array, center, self.alpha)  # center now holds u
         self.server.push(center)  # waits for the kernel (device-to-host copy)
         self.buffer.release()
-        self.exchanges += 1
+        self.steps += 1
+
+    def exchange(self):
+        """The elastic exchange (:meth:`step`)."""
+        self.step()
 
     def __repr__(self):
         return (f"<ElasticAveraging beta={self.beta} alpha={self.alpha:.6g} workers={self.workers} "
-                f"tau={self.tau} steps={self.calls} exchanges={self.exchanges} {self.server!r}>")
+                f"steps={self.steps} {self.server!r}>")
 
 
 class AsyncSGD(_Worker):
@@ -101,12 +120,16 @@ class AsyncSGD(_Worker):
     ``x = center``.
     """
 
+    _name = "AsyncSGD"
+
     def __init__(self, x, server):
         self.buffer = _check_worker(x, server, "AsyncSGD")
         self.server = server
         self.steps = 0
 
     def step(self, delta):
+        """``center += delta``, then ``x = center``."""
+        self._check_open()
         self.server.push(delta)
         self.server.pull(self.buffer.obj)
         self.steps += 1

@@ -13,30 +13,51 @@ Targets are drawn from :class:`mpigossip.topology.RandomPeers` with ``allow_self
 a run is reproducible from its seed. Neither mode conserves the global mean exactly.
 """
 
+import warnings
+
 import numpy as np
 from mpi4py import MPI
 
 from . import buffers, deadline, kernels
 from . import topology as topo_mod
-from ._base import Communicator
+from ._base import Communicator, step_tag
+from ._checks import check_integer
 
 MODES = ("pull", "push")
 
 
 class Gossip(Communicator):
-    """Gossip averaging on one flat buffer, every ``tau`` calls of :meth:`step`.
+    """Gossip averaging on one flat buffer: one round per :meth:`step`.
 
     Args:
         x: numpy/cupy/torch buffer, same length and dtype on every rank; updated in place.
         comm: communicator (keyword-only).
         mode: ``"pull"`` (one-sided RMA) or ``"push"`` (``Isend``/``Irecv``).
         seed: seed of the shared target schedule.
-        tau: communicate on every ``tau``-th call of :meth:`step` (>= 1).
+        tau: deprecated: ``tau=k`` > 1 returns ``mpigossip.Every(Gossip(...), k)`` (a round
+            on every ``k``-th step), with a ``DeprecationWarning``.
         topology: override the target schedule (default ``RandomPeers(1, seed, allow_self=True)``).
         timeout: seconds any wait may take before the job is aborted.
     """
 
     _name = "Gossip"
+    _renamed = {"calls": "steps", "rounds": "steps"}
+
+    def __new__(cls, *args, tau=1, **kwargs):
+        if isinstance(tau, int) and not isinstance(tau, bool) and tau > 1:
+            from .periodic import Every
+            warnings.warn(f"{cls.__name__}(tau={tau}) is deprecated: use mpigossip.Every({cls.__name__}(...), {tau})",
+                          DeprecationWarning, stacklevel=2)
+            inner = super().__new__(cls)
+            inner.__init__(*args, **kwargs)
+            return Every(inner, tau)
+        return super().__new__(cls)
+
+    @classmethod
+    def _hierarchical_error(cls, options):
+        if options.get("mode", "pull") != "push":
+            return "Gossip between nodes must use mode='push' (a pull window cannot live in shared memory slices)"
+        return None
 
     def __init__(self, x, *, comm, mode="pull", seed=0, tau=1, topology=None, timeout=None,
                  cuda_aware=None, stage=None):
@@ -45,8 +66,7 @@ class Gossip(Communicator):
         try:
             if mode not in MODES:
                 raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-            if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-                raise ValueError(f"tau must be an integer >= 1, got {tau!r}")
+            check_integer(tau, "tau", 1)  # (a valid tau > 1 went to __new__'s Every)
             if topology is None:
                 topology = topo_mod.RandomPeers(peers=1, seed=seed, allow_self=True)
             if not isinstance(topology, topo_mod.Topology):
@@ -60,9 +80,8 @@ class Gossip(Communicator):
         except (TypeError, ValueError):
             self._free_comm()
             raise
-        self.mode, self.seed, self.tau = mode, seed, tau
-        self.calls = 0
-        self.rounds = 0
+        self.mode, self.seed = mode, seed
+        self.steps = 0
         self.last_peers = []
         self._stage, self._cuda_aware = stage, cuda_aware
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
@@ -102,22 +121,16 @@ class Gossip(Communicator):
         return self._recv[index]
 
     def step(self):
-        """Count one local step; on every ``tau``-th call, run one gossip round.
-
-        Returns whether a round ran."""
+        """One gossip round (collective only in push mode, where receivers wait for senders)."""
         self._check_open()
-        self.calls += 1
-        if self.calls % self.tau:
-            return False
         if self.mode == "pull":
             self._pull()
         else:
             self._push()
-        self.rounds += 1
-        return True
+        self.steps += 1
 
     def _pull(self):
-        r = self.rounds
+        r = self.steps
         self._publish()
         (target,) = self.topology.out_peers(self.rank, r)
         self.last_peers = [target]
@@ -133,8 +146,8 @@ class Gossip(Communicator):
         self.buffer.release()
 
     def _push(self):
-        r = self.rounds
-        tag = r % (1 << 20)
+        r = self.steps
+        tag = step_tag(r)
         (target,) = self.topology.out_peers(self.rank, r)
         senders = [s for s in self.topology.in_peers(self.rank, r) if s != self.rank]
         self.last_peers = [target]
@@ -168,4 +181,4 @@ class Gossip(Communicator):
     def __repr__(self):
         state = "freed" if self.closed else "open"
         return (f"<Gossip mode={self.mode} {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
-                f"rank={self.rank}/{self.size} seed={self.seed} tau={self.tau} rounds={self.rounds} {state}>")
+                f"rank={self.rank}/{self.size} seed={self.seed} steps={self.steps} {state}>")

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from . import deadline
 from ._base import Communicator
+from ._checks import check_integer
 from .node import NodeMean
 
 
@@ -57,9 +58,8 @@ class Hierarchical(Communicator):
             per_node = sorted(set(sizes))
             error = (f"every node must have the same number of ranks for hierarchical averaging; "
                      f"found nodes with {', '.join(map(str, per_node))} ranks")
-        if error is None and inter is not None and getattr(inter, "_name", "") == "Gossip" and \
-                options.get("mode", "pull") != "push":
-            error = "Gossip between nodes must use mode='push' (a pull window cannot live in shared memory slices)"
+        if error is None and inter is not None:
+            error = inter._hierarchical_error(options)
         try:
             deadline.raise_collectively(self.comm, error, timeout=self.timeout, op=self._name)
         except ValueError:
@@ -84,8 +84,7 @@ class Hierarchical(Communicator):
     def allocate(cls, size, dtype, *, comm, inter=None, node_size=None, timeout=None, **options):
         """Hierarchical averaging whose buffer is this rank's segment of the node's shared
         window, :attr:`array` (zeros; valid until :meth:`free`): no copy in or out (collective)."""
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be an integer >= 1, got {size!r}")
+        check_integer(size, "size", 1)
         return cls(None, comm=comm, inter=inter, node_size=node_size, timeout=timeout,
                    _allocate=(size, np.dtype(dtype)), **options)
 
@@ -94,16 +93,17 @@ class Hierarchical(Communicator):
         """The buffer averaged (the shared segment after :meth:`allocate`)."""
         return self.buffer.array
 
+    _renamed = {"step_count": "steps"}
+    _state_keys = ("inter",)
+
     @property
-    def step_count(self):
-        """Steps taken (the inter-node communicator's schedule position follows it)."""
+    def steps(self):
+        """Steps taken."""
         return self._steps
 
-    @step_count.setter
-    def step_count(self, value):
+    @steps.setter
+    def steps(self, value):
         self._steps = int(value)
-        if self.inter is not None and hasattr(self.inter, "step_count"):
-            self.inter.step_count = int(value)
 
     @property
     def weight(self):
@@ -114,22 +114,31 @@ class Hierarchical(Communicator):
     def weight(self, value):
         self.inter.weight = float(value)
 
-    def _inter_step(self):
-        inter = self.inter
-        if inter is None:
-            return
-        if hasattr(inter, "average"):
-            inter.average()
-        else:
-            inter.step()
-
     def step(self):
         """Node mean, one inter-node round on this rank's slice, gather (collective)."""
         self._check_open()
         self.node.reduce()
-        self._inter_step()
+        if self.inter is not None:
+            self.inter.step()
         self.node.gather()
         self._steps += 1
+
+    def drain(self):
+        """The inter-node communicator's :meth:`drain`."""
+        self._check_open()
+        if self.inter is not None:
+            self.inter.drain()
+
+    @property
+    def in_flight(self):
+        return self.inter is not None and not self.inter.closed and self.inter.in_flight
+
+    def _state(self):
+        return {"inter": self.inter.state_dict() if self.inter is not None else {}}
+
+    def _load_state(self, state):
+        if self.inter is not None:
+            self.inter.load_state_dict(state["inter"])
 
     def free(self):
         """Collective: release the inter-node communicator, the window and communicators."""
@@ -146,5 +155,5 @@ class Hierarchical(Communicator):
         state = "freed" if self.closed else "open"
         inter = type(self.inter).__name__ if self.inter is not None else None
         return (f"<Hierarchical {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
-                f"{self.size} nodes={self.nodes} x {self.node.local_size} inter={inter} step={self.step_count} "
+                f"{self.size} nodes={self.nodes} x {self.node.local_size} inter={inter} steps={self.steps} "
                 f"{state}>")

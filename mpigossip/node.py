@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from . import buffers, deadline, kernels
 from ._base import Communicator, shard_bounds
+from ._checks import check_integer
 
 
 class NodeMean(Communicator):
@@ -84,7 +85,7 @@ class NodeMean(Communicator):
             memory, _ = self.win.Shared_query(r)
             self.segments.append(np.frombuffer(memory, dtype=dtype)[:n])
         self.win.Lock_all()
-        self.rounds = 0
+        self.steps = 0
         if self.in_window:
             self.segments[self.local_rank][:] = 0  # others read it only after the next barrier
             self.buffer = buffers.as_buffer(self.segments[self.local_rank], name="x")
@@ -94,8 +95,7 @@ class NodeMean(Communicator):
         """A node mean whose buffer is this rank's shared segment, :attr:`array` (zeros):
         compute on it in place, and :meth:`average` moves no extra copy (collective). The
         array is valid until :meth:`free`: copy out what must outlive it."""
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"size must be an integer >= 1, got {size!r}")
+        check_integer(size, "size", 1)
         return cls(None, comm=comm, node_size=node_size, timeout=timeout, _allocate=(int(size), np.dtype(dtype)))
 
     @property
@@ -166,7 +166,13 @@ class NodeMean(Communicator):
                     np.copyto(x[lo:hi], s[lo:hi])
             self.buffer.release()
         self._barrier("gather (done)")  # nobody touches a segment another still reads or writes
-        self.rounds += 1
+        self.steps += 1
+
+    _renamed = {"rounds": "steps"}
+
+    def step(self):
+        """The node mean (:meth:`average`)."""
+        self.average()
 
     def average(self):
         """The node mean, in place in the buffer on every rank of the node (collective per
@@ -180,7 +186,7 @@ class NodeMean(Communicator):
         self._barrier("average")
         self._mean_slice(broadcast=True)
         self._barrier("average (done)")
-        self.rounds += 1
+        self.steps += 1
 
     def free(self):
         """Collective: release the window and the communicators."""
@@ -195,4 +201,4 @@ class NodeMean(Communicator):
     def __repr__(self):
         state = "freed" if self.closed else "open"
         return (f"<NodeMean {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
-                f"{self.size} local {self.local_rank}/{self.local_size} rounds={self.rounds} {state}>")
+                f"{self.size} local {self.local_rank}/{self.local_size} steps={self.steps} {state}>")

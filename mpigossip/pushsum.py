@@ -26,15 +26,14 @@ import numpy as np
 
 from . import buffers, kernels
 from . import topology as topo_mod
-from ._base import Communicator, check_chunk_bytes
+from ._base import Communicator, check_chunk_bytes, step_tag, tag_period
+from ._checks import check_integer
 from ._pipeline import Pipeline, bind_mixing
 from ._registry import OPTION_DEFAULTS
 
-_TAG_STEPS = 1 << 14  # steps before tags repeat; far more than can ever be in flight
-
-
 def _tag(step, weight=False):
-    return 2 * (step % _TAG_STEPS) + (1 if weight else 0)
+    """A step's share (kind 0) and weight (kind 1): the package's one tag scheme."""
+    return step_tag(step, 1 if weight else 0, 2)
 
 
 def _uniform(own, peers):
@@ -76,6 +75,8 @@ class PushSum(Communicator):
     """
 
     _name = "PushSum"
+    _renamed = {"step_count": "steps"}
+    _state_keys = ("weight",)
 
     def __new__(cls, *args, max_delay=OPTION_DEFAULTS["max_delay"], **kwargs):
         if cls is PushSum and max_delay is None:  # unbounded delay: Asynchronous Gradient Push
@@ -90,9 +91,9 @@ class PushSum(Communicator):
         try:
             self.topology = bind_mixing(topology, topo_mod.ExponentialGraph(peers=1), self.size, slots=slots,
                                         what="PushSum needs distinct peers")
-            if max_delay is not None and (isinstance(max_delay, bool) or not isinstance(max_delay, int)
-                                          or max_delay < 0):
-                raise ValueError(f"max_delay must be an integer >= 0 or None, got {max_delay!r}")
+            check_integer(max_delay, "max_delay", 0, allow_none=True)
+            if max_delay is not None and max_delay >= tag_period(2) - 1:
+                raise ValueError(f"max_delay must be below {tag_period(2) - 1} (this MPI's tag bound), got {max_delay}")
             if not float(weight) > 0:
                 raise ValueError(f"weight must be > 0, got {weight!r}")
         except (TypeError, ValueError) as exc:
@@ -119,7 +120,7 @@ class PushSum(Communicator):
             raise
         self.max_delay = max_delay
         self.weight = float(weight)
-        self.step_count = 0
+        self.steps = 0
         self._cuda_aware, self._stage = cuda_aware, stage
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
@@ -164,7 +165,7 @@ class PushSum(Communicator):
         self._check_open()
         if self.in_flight:
             raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
-        k = self.step_count
+        k = self.steps
         op = f"step (step {k})"
         self_weight, outs, ins, shares = self._mixing(k)
         wtag = _tag(k, True)
@@ -183,7 +184,7 @@ class PushSum(Communicator):
         self._pipeline.run(outs, ins, _tag(k), op, self_weight=self_weight, weights=shares,
                            before_combine=new_weight, z=None if self._zbuf is None else self._zbuf.array)
         self._release()
-        self.step_count += 1
+        self.steps += 1
 
     def _mixing(self, k):
         """``(self_weight, outs, ins, shares)`` at step k: ``shares[j]`` is the weight the
@@ -217,7 +218,7 @@ class PushSum(Communicator):
         self._check_open()
         if self._started:
             raise RuntimeError("PushSum.start(): call finish() before the next start()")
-        k = self.step_count
+        k = self.steps
         self.topology.check_step(k)
         p, out_weights = self.topology.mixing_weights(self.rank, k)
         outs = sorted(out_weights)
@@ -292,12 +293,12 @@ class PushSum(Communicator):
         self._check_open()
         if not self._started:
             raise RuntimeError("PushSum.finish(): start() was not called")
-        k = self.step_count
+        k = self.steps
         self._progress_sends()
         self._progress_recvs(force_before=k - self.max_delay)
         self._consume()
         self._started = False
-        self.step_count += 1
+        self.steps += 1
 
     def _consume(self):
         msgs, self._consumed = self._consumed, []
@@ -319,11 +320,17 @@ class PushSum(Communicator):
         if self._started:
             raise RuntimeError("PushSum.drain(): call finish() first")
         if self._pending:
-            self._progress_recvs(force_before=self.step_count, op="drain")
+            self._progress_recvs(force_before=self.steps, op="drain")
             self._consume()
         for slot, reqs, _, dsts in self._sends:
             self._wait(reqs, "drain (sends)", peer=dsts)
         self._progress_sends()
+
+    def _state(self):
+        return {"weight": self.weight}
+
+    def _load_state(self, state):
+        self.weight = float(state["weight"])
 
     # ------------------------------------------------------------------ results
     def debiased(self):
@@ -358,5 +365,5 @@ class PushSum(Communicator):
         state = "freed" if self.closed else (
             f"{len(self._pending)} pending, {len(self._sends)} sending" if self.in_flight else "idle")
         return (f"<PushSum {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
-                f"{self.size} {self.topology!r} step={self.step_count} weight={self.weight:.6g} "
+                f"{self.size} {self.topology!r} steps={self.steps} weight={self.weight:.6g} "
                 f"max_delay={self.max_delay} {state}>")

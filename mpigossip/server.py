@@ -29,6 +29,7 @@ from mpi4py import MPI
 
 from . import buffers, deadline, kernels
 from ._base import Communicator, shard_bounds
+from ._checks import check_integer
 
 
 class ParameterServer(Communicator):
@@ -48,6 +49,27 @@ class ParameterServer(Communicator):
     """
 
     _name = "ParameterServer"
+    _counters = ("pushes", "pulls")
+    _state_keys = ("center",)
+
+    def step(self):
+        raise TypeError("ParameterServer has no step: its workers (ElasticAveraging, AsyncSGD) step; "
+                        "it holds the center (push, pull, serve)")
+
+    def _state(self):
+        """The center, as this rank reads it (every rank holds a whole copy)."""
+        return {"center": self.pull(np.empty(self.size_elements, self.dtype))}
+
+    def _load_state(self, state):
+        """Collective: rank 0 sets the center to ``state["center"]``, then every rank meets."""
+        saved = np.asarray(state["center"], dtype=self.dtype).reshape(-1)
+        error = None if saved.size == self.size_elements else \
+            f"load_state_dict: the center has {saved.size} elements, expected {self.size_elements}"
+        deadline.raise_collectively(self.comm, error, timeout=self.timeout, op=self._name)
+        if self.rank == 0:
+            current = self.pull(np.empty(self.size_elements, self.dtype))
+            self.push(saved - current)
+        deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.load_state_dict")
 
     def __init__(self, size, dtype, *, comm, servers=1, init=None, atomicity=None, timeout=None):
         super().__init__(comm, timeout)
@@ -55,12 +77,10 @@ class ParameterServer(Communicator):
         try:
             if atomicity not in (None, "accumulate", "lock"):
                 raise ValueError(f"atomicity must be 'accumulate', 'lock' or None, got {atomicity!r}")
-            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-                raise ValueError(f"size must be an integer >= 1, got {size!r}")
+            check_integer(size, "size", 1)
             self.dtype = np.dtype(dtype)
             self.datatype = buffers.mpi_datatype(self.dtype)
-            if isinstance(servers, bool) or not isinstance(servers, int) or not 1 <= servers <= self.size:
-                raise ValueError(f"servers must be an integer in [1, {self.size}] (the world size), got {servers!r}")
+            check_integer(servers, "servers", 1, self.size)
             if servers > size:
                 raise ValueError(f"servers={servers} exceeds size={size}: every shard needs an element")
             if init is not None:

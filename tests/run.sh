@@ -41,6 +41,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The real data set of the reproduction and its tests: Debian's package, installed as root when
+# missing (as tests/slurm/start.sh installs Slurm); elsewhere those tests skip, saying why.
+FMNIST=/usr/share/datasets/fashion-mnist
+if [ ! -e "$FMNIST/train-images-idx3-ubyte.gz" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  timeout 300 apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 ||
+    { timeout 300 apt-get update -q >/dev/null 2>&1 && timeout 300 apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } ||
+    echo "tests/run.sh: could not install dataset-fashion-mnist: its tests will skip" >&2
+fi
+
 PYTEST=("$PY" -m pytest -q --color=no -p no:cacheprovider --strict-markers tests)
 wanted units && step "serial: units and small launches" 600 "${PYTEST[@]}" -m "not (train or reproduce or slurm)"
 wanted train && step "serial: training job end to end" 600 "${PYTEST[@]}" -m train

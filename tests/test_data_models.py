@@ -31,6 +31,44 @@ def test_cifar10_from_a_local_folder(tmp_path):
         data.load("cifar10")
 
 
+FMNIST = data.FASHION_MNIST_DIR
+needs_fmnist = pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
+                                  reason="Fashion-MNIST not installed: apt-get install dataset-fashion-mnist "
+                                  "(tests/run.sh does, as root)")
+
+
+@needs_fmnist
+def test_fashion_mnist_from_the_debian_package():
+    d = data.load("fashion-mnist", samples=500)
+    assert d.x_train.shape == (500, 1, 28, 28) and d.x_test.shape == (10000, 1, 28, 28)
+    assert d.x_train.dtype == np.float32 and d.classes == 10 and set(np.unique(d.y_test)) == set(range(10))
+    assert abs(float(d.x_test.mean())) < 0.1 and abs(float(d.x_test.std()) - 1) < 0.1  # standardised
+    again = data.load("fashion-mnist", samples=500, seed=7)  # the data seed changes nothing: the split is given
+    assert np.array_equal(d.x_train, again.x_train) and np.array_equal(d.y_test, again.y_test)
+
+
+def _idx(path, array):
+    import gzip
+    head = bytes([0, 0, 8, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(head + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_idx_files_and_errors(tmp_path):
+    rng = np.random.default_rng(0)
+    with pytest.raises(data.DataError, match="apt-get install dataset-fashion-mnist"):
+        data.load("fashion-mnist", data_dir=str(tmp_path))
+    _idx(tmp_path / "train-images-idx3-ubyte.gz", rng.integers(0, 256, (20, 28, 28)))
+    _idx(tmp_path / "train-labels-idx1-ubyte.gz", rng.integers(0, 10, 20))
+    _idx(tmp_path / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (5, 28, 28)))
+    _idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.arange(5))
+    d = data.load("fashion-mnist", data_dir=str(tmp_path))
+    assert d.x_train.shape == (20, 1, 28, 28) and list(d.y_test) == [0, 1, 2, 3, 4]
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(b"not gzip")
+    with pytest.raises(data.DataError, match="not a readable idx file"):
+        data.load("fashion-mnist", data_dir=str(tmp_path))
+
+
 def test_digits_and_synthetic_are_deterministic_and_shardable():
     a, b = data.load("digits", seed=1), data.load("digits", seed=1)
     assert np.array_equal(a.x_train, b.x_train) and a.shape == (1, 8, 8) and a.classes == 10

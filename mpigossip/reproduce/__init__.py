@@ -15,13 +15,20 @@ import time
 
 
 def main(args):
-    from . import experiments, findings, report, simulate
+    from . import experiments, findings, report, setup, simulate
 
     setting = experiments.SETTINGS["quick" if args.quick else "default"]
     os.makedirs(args.out, exist_ok=True)
     mpiexec = shlex.split(args.mpiexec) if args.mpiexec else experiments.default_mpiexec()
     timed_mpiexec = shlex.split(args.timed_mpiexec) if args.timed_mpiexec else mpiexec
-    flags = experiments.problem(args.data_dir)
+    try:
+        flags = experiments.problem(args.dataset, args.data_dir)
+        if args.dataset == "fashion-mnist":
+            from ..train.data import fashion_mnist
+            fashion_mnist(args.data_dir, samples=1)  # missing files: one line naming the package, before any job
+    except ValueError as exc:
+        print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     t0 = time.perf_counter()
 
     def progress(message):
@@ -57,17 +64,26 @@ def main(args):
             first = os.path.relpath(first)
         return shlex.join([first] + list(cmd[1:]))
 
-    header = [f"Made by `{' '.join(['python -m mpigossip reproduce'] + sys.argv[2:])}` on "
-              f"{time.strftime('%Y-%m-%d %H:%M')} in {minutes:.1f} min ({'quick' if args.quick else 'default'} mode).",
+    shown_flags = " ".join(os.path.basename(a) if os.path.isabs(a) else a for a in flags)  # no machine paths
+    command = [os.path.basename(a) if os.path.isabs(a) else a for a in sys.argv[2:]]
+    header = [f"Made by `{' '.join(['python -m mpigossip reproduce'] + command)}` on "
+              f"{time.strftime('%Y-%m-%d %H:%M')} in {minutes:.1f} min ({'quick' if args.quick else 'default'} mode), "
+              f"at commit {setup.commit()}; {setup.versions()}.",
               "",
-              f"- accuracy runs: `{shown(mpiexec)}`, p = {', '.join(map(str, setting['sizes']))}, "
-              f"{len(setting['seeds'])} seed(s), {setting['steps']} steps, step sizes "
-              f"{', '.join(map(str, setting['lrs']))}, SGD with momentum 0.9, batch 32 per rank; problem: "
-              f"`{' '.join(flags)}`" + ("" if args.data_dir else
-                                         " (10 classes of 8 Gaussian clusters, 20% noisy training labels)"),
-              f"- timed runs: `{shown(timed_mpiexec)}`, {setting['timed_size']} ranks, "
-              + ("CNN width 64" if args.data_dir else f"MLP width {setting['timed_width']}")
-              + f", lr {experiments.TIMED_LR}, {setting['timed_steps']} steps"
+              f"- machine: {setup.machine()}",
+              f"- accuracy runs: `{shown(mpiexec)}`, p = {', '.join(map(str, setting['sizes']))} ranks on this "
+              f"machine's {os.cpu_count()} cores (oversubscribed: accuracy only, never timed), "
+              f"{len(setting['seeds'])} seed(s) (initialisation and batches; the data split is fixed, so runs pair "
+              f"by seed), {setting['steps']} steps, step sizes {', '.join(map(str, setting['lrs']))}, SGD with "
+              f"momentum 0.9, batch 32 per rank; problem: `{shown_flags}`"
+              + (" (10 classes of 8 Gaussian clusters, 20% noisy training labels)" if args.dataset == "synthetic"
+                 else ""),
+              f"- timed runs: `{shown(timed_mpiexec)}` ({setup.cluster(timed_mpiexec)}), {setting['timed_size']} ranks, "
+              + ("CNN width 64" if args.dataset == "cifar10" else f"MLP width {setting['timed_width']}")
+              + f", lr {experiments.TIMED_LR}, {setting['timed_steps']} steps, fixed compute model: every step sleeps "
+              f"{setting['timed_compute_ms']:g} ms (x2 on the straggler), cases "
+              f"{', '.join(setting['timed_cases'])}, {setting['timed_repeats']} interleaved repeat(s); ms/step and "
+              "time to accuracy exclude evaluations"
               + ("" if args.timed_mpiexec else " (on this machine: communication is nearly free here)"),
               f"- simulator: softmax regression on the synthetic data, plain SGD, batch 16, {setting['sim_steps']} steps, "
               f"lr {', '.join(map(str, simulate.SIM_LRS))}",

@@ -14,21 +14,28 @@ import time
 
 from ..train.table import run_dir
 
-#: The problem of the accuracy runs: 10 classes of 8 Gaussian clusters each in 12 dimensions
-#: (not linearly separable, so the MLP has to learn a non-linear boundary) with 20% of the
-#: training labels noisy. The bundled digits are too easy (every method reaches 95-99%);
-#: this one ends between 70% and 85% after 300 steps, where the methods separate, and an
-#: MLP step costs a few ms, so p = 16 fits on 2 cores.
+#: The default problem: Fashion-MNIST (real images, 60000 training / 10000 test) with a
+#: 784-128-10 MLP: a step costs about a millisecond on one core, so p = 16 fits on 2 cores,
+#: and it is hard enough that the methods end apart (about 85-89% test accuracy).
+FASHION = ("--dataset", "fashion-mnist", "--model", "mlp")
+#: The synthetic problem of earlier reports: 10 classes of 8 Gaussian clusters each in 12
+#: dimensions (not linearly separable) with 20% of the training labels noisy.
 PROBLEM = ("--dataset", "synthetic", "--samples", "10000", "--features", "12", "--classes", "10",
            "--clusters", "8", "--label-noise", "0.2", "--model", "mlp")
 
 
-def problem(data_dir=None):
-    """The training flags of every run: :data:`PROBLEM`, or CIFAR-10 from ``data_dir`` with
-    the small CNN (for a user with the data and the compute; hours on 2 cores)."""
-    if data_dir:
+def problem(dataset="fashion-mnist", data_dir=None):
+    """The training flags of every run: Fashion-MNIST (default; ``data_dir`` overrides where
+    its files are), the synthetic :data:`PROBLEM`, or CIFAR-10 from ``data_dir`` with the
+    small CNN (for a user with the data and the compute; hours on 2 cores). The data split is
+    the same for every seed (``--data-seed`` 0): the seeds pair."""
+    if dataset == "cifar10":
+        if not data_dir:
+            raise ValueError("reproduce --dataset cifar10 needs --data-dir (CIFAR-10's python batches)")
         return ("--dataset", "cifar10", "--data-dir", os.path.abspath(data_dir), "--model", "cnn")
-    return PROBLEM
+    if dataset == "synthetic":
+        return PROBLEM
+    return FASHION + (("--data-dir", os.path.abspath(data_dir)) if data_dir else ())
 
 #: The methods of Jin et al. (AllReduce, EASGD, gossip) and SGP (Assran et al.); OSGP's
 #: claim is about slow nodes: it runs in the timed runs.
@@ -37,26 +44,38 @@ ALGORITHMS = ("allreduce", "easgd", "gossip-pull", "gossip-push", "sgp")
 ASYNC = ("easgd", "gossip-pull", "gossip-push")
 
 SETTINGS = {
-    "default": {"sizes": (4, 8, 16), "seeds": (0, 1, 2), "steps": 300, "lrs": (0.01, 0.3),
-                "algorithms": ALGORITHMS, "timed_steps": 200, "timed_width": 1024, "timed_size": 8,
+    "default": {"sizes": (4, 8, 16), "seeds": (0, 1, 2), "steps": 600, "lrs": (0.01, 0.3),
+                "algorithms": ALGORITHMS, "timed_steps": 100, "timed_width": 1024, "timed_size": 8,
+                "timed_repeats": 3, "timed_compute_ms": 50, "timed_cases": ("normal", "straggler", "delays"),
                 "sim_sizes": (4, 16, 64, 256), "sim_steps": 400, "sim_seeds": (0, 1, 2),
                 "consensus_size": 1024, "consensus_steps": 30},
     "quick": {"sizes": (4, 8, 16), "seeds": (0,), "steps": 80, "lrs": (0.01, 0.3),
               "algorithms": ("allreduce", "easgd", "gossip-push", "sgp"), "timed_steps": 40, "timed_width": 256,
-              "timed_size": 4, "sim_sizes": (4, 16, 64), "sim_steps": 150, "sim_seeds": (0,),
+              "timed_size": 4, "timed_repeats": 1, "timed_compute_ms": 5, "timed_cases": ("normal", "straggler"),
+              "sim_sizes": (4, 16, 64), "sim_steps": 150, "sim_seeds": (0,),
               "consensus_size": 256, "consensus_steps": 20},
 }
 #: In quick mode p = 16 runs only the methods finding (d) compares, at the small step size.
 QUICK_P16 = {"algorithms": ("allreduce", "easgd", "gossip-push"), "lrs": (0.01,)}
 
-#: The timed runs: the same problem, a wide MLP (``timed_width`` hidden units: 4 MB of
-#: parameters at 1024) so that a step's communication over a 1 Gbit link is comparable to
-#: its computation, the large step size, and the straggler case (rank 1 twice as slow).
-#: EASGD is left out: its center on one rank takes every worker's pull and push through one
-#: node's link, serialised by the lock (several times AllReduce's step; docs/RESULTS.md).
-TIMED_ALGORITHMS = ("allreduce", "sgp", "osgp", "gossip-push")
-STRAGGLER_ALGORITHMS = ("allreduce", "sgp", "osgp")
+#: The timed runs: the same problem, a wide MLP (``timed_width`` hidden units: 3 MB of
+#: parameters at 1024 on Fashion-MNIST) so that a step's communication over a 1 Gbit link is
+#: comparable to its computation, the large step size, and a fixed compute model
+#: (``--compute-ms``: every step sleeps the same time, rank 1 twice that with the straggler),
+#: so that every algorithm computes alike and sleeping ranks free no cores for the others.
+#: Cases: ``normal``; ``straggler`` (rank 1 permanently 2x slow); ``delays`` (each rank, each
+#: step, sleeps 2x the compute time with probability 0.2: transient slowdowns). Synchronous
+#: SGP is the negative control: it must lose what AllReduce loses. EASGD is left out: its
+#: center on one rank takes every worker's pull and push through one node's link.
+TIMED_ALGORITHMS = ("allreduce", "sgp", "osgp", "agp", "gossip-push")
+STRAGGLER_ALGORITHMS = ("allreduce", "sgp", "osgp", "agp")
 TIMED_LR = 0.3
+
+
+def timed_case_flags(case, compute_ms):
+    """The extra training flags of a timed case."""
+    return {"normal": (), "straggler": ("--straggler", "1:2"),
+            "delays": ("--delay-prob", "0.2", "--delay-ms", f"{2 * compute_ms:g}")}[case]
 
 
 def default_mpiexec():
@@ -114,15 +133,17 @@ def load_summaries(out):
 
 def load_curve(run_dir):
     """The evaluations of one run (``metrics-rank0.jsonl``): a list of dicts with ``steps``,
-    ``time_s``, ``loss``, ``accuracy``, ``consensus``."""
+    ``time_s`` (training time: evaluations excluded), ``loss``, ``accuracy`` (of the center
+    for EASGD and ASGD, else of the mean model), ``consensus``, ``rank_accuracy``."""
     points = []
     with open(os.path.join(run_dir, "metrics-rank0.jsonl")) as f:
         for line in f:
             r = json.loads(line)
             if "test_loss" in r:
-                points.append({"steps": r.get("steps_done", r["step"] + 1), "time_s": r["time_s"],
-                               "loss": r["test_loss"], "accuracy": r["test_accuracy"],
-                               "consensus": r["consensus_distance"]})
+                points.append({"steps": r.get("steps_done", r["step"] + 1), "time_s": r.get("train_s", r["time_s"]),
+                               "loss": r.get("center_loss", r["test_loss"]),
+                               "accuracy": r.get("center_accuracy", r["test_accuracy"]),
+                               "consensus": r["consensus_distance"], "rank_accuracy": r["rank_accuracy_mean"]})
     return points
 
 
@@ -144,21 +165,33 @@ def accuracy_runs(launcher, root, setting, quick, progress, flags=PROBLEM):
 
 
 def timed_runs(launcher, root, setting, progress, flags=PROBLEM):
-    """Wall-time runs (meant for the emulated or a real cluster), with and without a straggler."""
-    size, steps = setting["timed_size"], setting["timed_steps"]
+    """Wall-time runs (meant for the emulated or a real cluster) under the fixed compute model:
+    every case ``timed_repeats`` times, interleaved, so that comparisons pair by repeat."""
+    size, steps, compute_ms = setting["timed_size"], setting["timed_steps"], setting["timed_compute_ms"]
     width = setting["timed_width"] if "mlp" in flags else 64  # the CNN's width: its first layer's channels
-    extra = tuple(flags) + ("--width", str(width), "--seed", "0")
+    extra = tuple(flags) + ("--width", str(width), "--seed", "0", "--compute-ms", f"{compute_ms:g}")
     records = []
-    for label, algorithms, more in (("normal", TIMED_ALGORITHMS, ()),
-                                    ("straggler", STRAGGLER_ALGORITHMS, ("--straggler", "1:2"))):
-        out = os.path.join(root, "timed", label)
-        progress(f"timed, {label}: {size} ranks, {', '.join(algorithms)}")
-        for s in launcher.compare(size, out, algorithms, (TIMED_LR,), steps, extra=extra + more):
-            records.append({**_record(s), "case": label, "curve": load_curve(run_dir(out, s["algorithm"], s["lr"]))})
+    for repeat in range(setting["timed_repeats"]):
+        for case in setting["timed_cases"]:
+            algorithms = TIMED_ALGORITHMS if case == "normal" else STRAGGLER_ALGORITHMS
+            out = os.path.join(root, "timed", f"{case}-{repeat}")
+            progress(f"timed, {case}, repeat {repeat + 1}/{setting['timed_repeats']}: {size} ranks, "
+                     + ", ".join(algorithms))
+            for s in launcher.compare(size, out, algorithms, (TIMED_LR,), steps,
+                                      extra=extra + timed_case_flags(case, compute_ms)):
+                records.append({**_record(s), "case": case, "repeat": repeat,
+                                "curve": load_curve(run_dir(out, s["algorithm"], s["lr"]))})
     return records
 
 
 def _record(summary):
+    """The figures of one run. EASGD (and ASGD) are judged on their center, the model they
+    train; the mean of the ranks' models is kept beside it (``mean_model_*``)."""
     keys = ("algorithm", "world_size", "lr", "steps", "final_loss", "final_accuracy", "consensus_distance",
-            "time_per_step_s", "wall_time_s", "comm_time_s")
-    return {k: summary[k] for k in keys}
+            "time_per_step_s", "wall_time_s", "comm_time_s", "compute_time_s", "wait_time_s", "blocked_in_mpi_s",
+            "rank_accuracy_mean", "rank_accuracy_min")
+    record = {k: summary[k] for k in keys if k in summary}
+    if "center_loss" in summary:
+        record.update(mean_model_loss=record["final_loss"], mean_model_accuracy=record["final_accuracy"],
+                      final_loss=summary["center_loss"], final_accuracy=summary["center_accuracy"])
+    return record

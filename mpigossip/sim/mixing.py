@@ -36,11 +36,11 @@ class PushSumSim:
         self.p = self.x.shape[0]
         self.topology = (topology or topo_mod.ExponentialGraph()).bind(self.p)
         self.w = np.ones(self.p)
-        self.step_count = 0
+        self.steps = 0
 
     def step(self):
         """One round: every virtual rank combines what its in-peers sent (their old values)."""
-        k, g = self.step_count, self.topology
+        k, g = self.steps, self.topology
         g.check_step(k)
         old, old_w, new_w = self.x.copy(), self.w.copy(), np.empty(self.p)
         for i in range(self.p):
@@ -51,7 +51,7 @@ class PushSumSim:
             parts = [old[j].copy() for j in ins]  # receive buffers: scratch, as on a rank
             kernels.weighted_sum(self.x[i], old[i], self_weight, parts, shares)
         self.w = new_w
-        self.step_count += 1
+        self.steps += 1
 
     def debiased(self):
         """``z = x / w`` per virtual rank."""
@@ -66,10 +66,10 @@ class GossipPushSim:
         self.x = _rows(x)
         self.p = self.x.shape[0]
         self.topology = (topology or topo_mod.RandomPeers(peers=1, seed=seed, allow_self=True)).bind(self.p)
-        self.rounds = 0
+        self.steps = 0
 
     def step(self):
-        r, g = self.rounds, self.topology
+        r, g = self.steps, self.topology
         old = self.x.copy()
         for i in range(self.p):
             (target,) = g.out_peers(i, r)
@@ -78,7 +78,7 @@ class GossipPushSim:
             total = own + len(senders)
             parts = [old[s].copy() for s in senders]
             kernels.weighted_sum(self.x[i], old[i], own / total, parts, [1.0 / total] * len(parts))
-        self.rounds += 1
+        self.steps += 1
 
 
 def consensus_error(z):

@@ -20,6 +20,7 @@ parameters, or the center for ``easgd``.
 import numpy as np
 
 from .. import kernels
+from .._checks import check_integer
 from .. import topology as topo_mod
 from .mixing import GossipPushSim, PushSumSim, consensus_error
 
@@ -105,8 +106,7 @@ def _check(scheme, p, steps, lr, batch, tau, beta):
     if scheme not in SCHEMES:
         raise ValueError(f"run_sgd: scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     for name, value in (("p", p), ("steps", steps), ("batch", batch), ("tau", tau)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"run_sgd: {name} must be an integer >= 1, got {value!r}")
+        check_integer(value, name, 1, owner="run_sgd")
     if not lr > 0:
         raise ValueError(f"run_sgd: lr must be > 0, got {lr!r}")
     if not 0 < beta <= 1:

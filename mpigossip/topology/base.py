@@ -11,6 +11,8 @@ import abc
 import math
 from fractions import Fraction
 
+from .._checks import check_integer
+
 #: Tolerance of the sums checked by :meth:`Topology.check_step` (weights are floats).
 TOLERANCE = 1e-12
 
@@ -35,8 +37,7 @@ class Topology(abc.ABC):
         return clone
 
     def _bind_inplace(self, size):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"{self!r}: world size must be an integer >= 1, got {size!r}")
+        check_integer(size, "world size", 1, owner=repr(self))
         self.size = size
         self._cache = {}
         self._validate()
@@ -147,8 +148,7 @@ class Topology(abc.ABC):
 
 
 def _check_peers(owner, peers):
-    if isinstance(peers, bool) or not isinstance(peers, int) or peers < 1:
-        raise ValueError(f"{owner}: peers must be an integer >= 1, got {peers!r}")
+    check_integer(peers, "peers", 1, owner=owner)
     return peers
 
 

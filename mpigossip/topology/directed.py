@@ -5,6 +5,7 @@ import abc
 import math
 import random
 
+from .._checks import check_integer
 from .base import Topology, _check_peers, _num_hops
 
 
@@ -213,8 +214,7 @@ class RandomPeers(Topology):
 
     def __init__(self, peers=1, seed=0, allow_self=False, size=None):
         _check_peers("RandomPeers", peers)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"RandomPeers: seed must be an integer, got {seed!r}")
+        check_integer(seed, "seed", owner="RandomPeers")
         self.peers = peers
         self.seed = seed
         self.allow_self = bool(allow_self)

@@ -12,6 +12,7 @@ Every edge is used both ways: a rank's out-peers are its in-peers. Weights:
 import abc
 import math
 
+from .._checks import check_integer
 from .base import Topology, _num_hops
 
 WEIGHTS = ("metropolis", "lazy")
@@ -89,8 +90,8 @@ class TorusGraph(UndirectedGraph):
     divisor of n not above its square root. Neighbours: up, down, left, right."""
 
     def __init__(self, rows=None, weights="metropolis", size=None):
-        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
-            raise ValueError(f"TorusGraph: rows must be an integer >= 1, got {rows!r}")
+        if rows is not None:
+            check_integer(rows, "rows", 1, owner="TorusGraph")
         self.rows = rows
         super().__init__(weights, size)
 

@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from .._checks import check_integer
 from .base import Topology
 
 
@@ -21,8 +22,7 @@ class _Columns(Topology):
     """Shared machinery: a step's columns, built once per period key and validated."""
 
     def __init__(self, period=0, size=None):
-        if isinstance(period, bool) or not isinstance(period, int) or period < 0:
-            raise ValueError(f"{type(self).__name__}: period must be an integer >= 0 (0: aperiodic), got {period!r}")
+        check_integer(period, "period (0: aperiodic)", 0, owner=type(self).__name__)
         self._period = period
         super().__init__(size)
 

@@ -4,6 +4,7 @@ checkpoint state, ``free()``."""
 import abc
 import contextlib
 import copy
+import time
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ from mpi4py import MPI
 
 from .. import deadline
 from ..hierarchical import Hierarchical
+from ..periodic import Every
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 
 
@@ -42,6 +44,7 @@ class _Wrapper(abc.ABC):
                 broadcast_parameters(self.flat, self.comm, timeout=self.timeout)
                 broadcast_buffers(model, self.comm, timeout=self.timeout)
             self.steps = 0
+            self.comm_time_s = 0.0  # seconds inside the algorithm's communication, wherever it runs
             self._rehomed = []  # groups moved into a node's shared window (hierarchical)
             self.comms = [self._make(array) for array in self.flat.arrays]
         except BaseException:
@@ -97,8 +100,10 @@ class _Wrapper(abc.ABC):
     def step(self):
         """Call once per iteration, after ``optimizer.step()``."""
         self._check_open()
+        t0 = time.perf_counter()
         with self._ordered():
             self._step()
+        self.comm_time_s += time.perf_counter() - t0
         self.steps += 1
 
     def consensus_model(self, into=None):
@@ -165,16 +170,33 @@ class _Wrapper(abc.ABC):
     def drain(self):
         """Complete every message in flight (no-op for synchronous algorithms)."""
 
+    def _stateful(self):
+        """The objects whose ``state_dict()`` is part of this wrapper's (in a fixed order)."""
+        return [c for c in self.comms if c is not None]
+
     def state_dict(self):
+        """``{"algorithm", "steps", "comms"}``: each communicator's own ``state_dict()``
+        (counters, PushSum weight, EASGD center...) after :meth:`drain` (collective)."""
         self._check_open()
         self.drain()
-        return {"algorithm": self.name, "steps": self.steps}
+        return {"algorithm": self.name, "steps": self.steps,
+                "comms": [_tensors(c.state_dict()) for c in self._stateful()]}
 
     def load_state_dict(self, state):
+        """Restore a :meth:`state_dict` (collective where a communicator's is)."""
         self._check_open()
         if state.get("algorithm") != self.name:
             raise ValueError(f"checkpoint is for {state.get('algorithm')!r}, not {self.name!r}")
+        if "comms" not in state:
+            raise ValueError(f"{self.name}: this checkpoint is from an older mpigossip (no 'comms' state); "
+                             "resume it with the version that wrote it")
+        stateful = self._stateful()
+        if len(state["comms"]) != len(stateful):
+            raise ValueError(f"{self.name}: the checkpoint has {len(state['comms'])} communicator states, "
+                             f"this model needs {len(stateful)}")
         self.steps = int(state["steps"])
+        for c, s in zip(stateful, state["comms"]):
+            c.load_state_dict(s)
 
     def free(self):
         """Complete what is in flight and release the MPI resources (collective); a second
@@ -202,26 +224,24 @@ class _Wrapper(abc.ABC):
 
 
 class _Periodic(_Wrapper):
-    """Wrappers whose communicator's own ``step()`` counts calls and communicates every
-    ``tau``-th one; its counters (``_counters``) are part of the checkpoint."""
+    """Wrappers that communicate every ``tau`` steps: each communicator is wrapped in
+    :class:`mpigossip.periodic.Every`."""
 
-    _counters = ()
+    def _every(self, c):
+        return Every(c, self.tau)
 
     def _step(self):
         for c in self.comms:
             c.step()
 
-    def _counted(self, c):
-        """The object holding the counters (a hierarchical wrapper's inter-node communicator)."""
-        return c
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["counters"] = [[getattr(self._counted(c), k) for k in self._counters] for c in self.comms]
-        return state
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        for c, values in zip(self.comms, state["counters"]):
-            for key, value in zip(self._counters, values):
-                setattr(self._counted(c), key, int(value))
+def _tensors(state):
+    """``state`` with numpy arrays as torch tensors (checkpoints load with
+    ``torch.load(weights_only=True)``), nested dicts and lists included."""
+    if isinstance(state, dict):
+        return {k: _tensors(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_tensors(v) for v in state]
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state)
+    return state

@@ -30,15 +30,6 @@ class DPSGD(_Wrapper):
         for c in self.comms:
             c.step()
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["mixing_steps"] = [c.step_count for c in self.comms]
-        return state
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        for c, k in zip(self.comms, state["mixing_steps"]):
-            c.step_count = int(k)
 
 
 class ADPSGD(_Wrapper):
@@ -68,12 +59,4 @@ class ADPSGD(_Wrapper):
                 if not c.closed:
                     c.drain()
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["exchanges"] = [c.exchanges for c in self.comms]
-        return state
 
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        for c, k in zip(self.comms, state["exchanges"]):
-            c.exchanges = int(k)

@@ -9,14 +9,13 @@ class GossipPull(_Periodic):
 
     name = "gossip-pull"
     mode = "pull"
-    _counters = ("calls", "rounds")
 
     def __init__(self, model, *, comm, tau=1, seed=0, timeout=None):
         self.tau, self.seed = tau, seed
         super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
-        return Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, tau=self.tau, timeout=self.timeout)
+        return self._every(Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, timeout=self.timeout))
 
 
 
@@ -34,7 +33,4 @@ class GossipPush(GossipPull):
     def _make(self, array):
         if not self.hierarchical:
             return super()._make(array)
-        return self._hierarchical(array, Gossip, mode="push", seed=self.seed, tau=self.tau)
-
-    def _counted(self, c):
-        return c.inter if self.hierarchical else c
+        return self._every(self._hierarchical(array, Gossip, mode="push", seed=self.seed))

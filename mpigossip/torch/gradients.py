@@ -1,9 +1,8 @@
 """AllReduce SGD as DDP and Horovod do it: gradients averaged in buckets during the backward pass."""
 
-import weakref
+import time
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import buffers
 from ..allreduce import AllreduceAverager
@@ -38,8 +37,9 @@ class GradientAllReduce(AllReduce):
     Contract: every rank runs the same number of ``backward()`` passes; a parameter that
     gets no gradient in a pass contributes zeros. Several passes before one
     ``optimizer.step()`` (gradient accumulation) sum their averaged gradients, as on one
-    process. A pass whose callback could not run (``torch.autograd.grad`` with ``inputs``)
-    is completed by the optimizer's step pre-hook, or by :meth:`synchronize`.
+    process. No process-wide hook: the wrapper touches only its own parameters' hooks and
+    the backward pass that fires them (``torch.autograd.grad`` fills no ``.grad`` and is
+    not averaged).
 
     Args:
         model: the torch module.
@@ -59,8 +59,6 @@ class GradientAllReduce(AllReduce):
         self._next = 0  # the next bucket to start: in list order on every rank
         self._pending = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._where]
-        _instances.add(self)
-        _install_optimizer_hook()
 
     def _make(self, array):
         """The gradient buffer and buckets of the next parameter group (called in group order)."""
@@ -125,6 +123,7 @@ class GradientAllReduce(AllReduce):
         self._check_open()
         if not self._pending:
             return
+        t0 = time.perf_counter()
         for bucket in self.buckets:
             for p in bucket.params:  # parameters without a gradient this pass contribute zeros
                 if p not in bucket.ready:
@@ -144,7 +143,7 @@ class GradientAllReduce(AllReduce):
             else:
                 if not bucket.started:
                     bucket.averager.start()
-                bucket.averager.wait()
+                bucket.averager.finish()
             bucket.ready.clear()
             bucket.started = False
         self._next = 0
@@ -153,9 +152,7 @@ class GradientAllReduce(AllReduce):
         for p, (_, view) in self._where.items():
             p.grad = view  # the averaged gradient, no copy; the next backward accumulates into it
         self._pending = False
-
-    def _owns(self, optimizer):
-        return any(p in self._where for group in optimizer.param_groups for p in group["params"])
+        self.comm_time_s += time.perf_counter() - t0  # booked as communication, as every algorithm's
 
     # -- after optimizer.step() -----------------------------------------------------------
     def _step(self):
@@ -173,23 +170,7 @@ class GradientAllReduce(AllReduce):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        _instances.discard(self)
         for bucket in self.buckets:
             bucket.averager.free()
         self.buckets, self.comms = [], []
         super().free()
-
-
-_instances = weakref.WeakSet()
-_optimizer_hook = []
-
-
-def _before_optimizer_step(optimizer, args, kwargs):
-    for wrapper in list(_instances):
-        if wrapper._pending and wrapper._owns(optimizer):
-            wrapper.synchronize()
-
-
-def _install_optimizer_hook():
-    if not _optimizer_hook:
-        _optimizer_hook.append(register_optimizer_step_pre_hook(_before_optimizer_step))

@@ -23,6 +23,9 @@ class _WithServer(_Wrapper):
         """The center variable, one host array per group."""
         return [s.pull(np.empty(s.size_elements, s.dtype)) for s in self.servers_]
 
+    def _stateful(self):
+        return super()._stateful() + self.servers_  # the centers are part of the state
+
     def free(self):
         super().free()
         for s in self.servers_:
@@ -37,7 +40,6 @@ class EASGD(_WithServer, _Periodic):
     :class:`mpigossip.ElasticAveraging`)."""
 
     name = "easgd"
-    _counters = ("calls", "exchanges")
 
     def __init__(self, model, *, comm, beta=OPTION_DEFAULTS["beta"], tau=OPTION_DEFAULTS["tau"],
                  servers=OPTION_DEFAULTS["servers"], timeout=None):
@@ -46,7 +48,7 @@ class EASGD(_WithServer, _Periodic):
         super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
-        return ElasticAveraging(array, self._server(array), beta=self.beta, tau=self.tau)
+        return self._every(ElasticAveraging(array, self._server(array), beta=self.beta))
 
 
 class ASGD(_WithServer):

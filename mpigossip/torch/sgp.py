@@ -67,19 +67,15 @@ class SGP(_Wrapper):
     def state_dict(self):
         self.drain()
         state = super().state_dict()
-        state["weights"] = self.weights
         # torch tensors, not numpy arrays: checkpoints load with torch.load(weights_only=True)
         state["numerators"] = [torch.from_numpy(np.array(x if isinstance(x, np.ndarray) else x.get()))
                                for x in self.numerators]
-        state["pushsum_steps"] = [ps.step_count for ps in self.comms]
         return state
 
     def load_state_dict(self, state):
-        super().load_state_dict(state)
-        for ps, x, w, k in zip(self.comms, state["numerators"], state["weights"], state["pushsum_steps"]):
+        super().load_state_dict(state)  # steps and weights
+        for ps, x in zip(self.comms, state["numerators"]):
             _copy_in(ps.buffer.array, x)
-            ps.weight = float(w)
-            ps.step_count = int(k)
         with self._ordered():
             for z, ps in zip(self.flat.arrays, self.comms):
                 kernels.debias(z, ps.buffer.array, ps.weight)

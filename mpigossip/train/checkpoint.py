@@ -11,7 +11,6 @@ import pickle
 import shutil
 import signal
 
-import numpy as np
 import torch
 
 from .. import deadline
@@ -102,8 +101,6 @@ def state_of(run, step):
              "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
              "algo": run.algo.state_dict(), "rng": run.rng.bit_generator.state,
              "slow_rng": run.slow_rng.getstate(), "torch_rng": torch.get_rng_state(), "times": run.times}
-    if hasattr(run.algo, "center_parameters"):
-        state["center"] = [torch.from_numpy(c) for c in run.algo.center_parameters()]
     return state
 
 
@@ -126,8 +123,6 @@ def resume(run, folder):
         run.slow_rng.setstate(state["slow_rng"])
         torch.set_rng_state(state["torch_rng"])
         run.times = dict(state["times"])
-        if "center" in state:
-            _restore_center(run, state["center"])
     else:
         states = load_checkpoint(run.comm, [os.path.join(step_dir, f"rank-{r}.pt")
                                             for r in range(meta["world_size"])], run.timeout)
@@ -139,11 +134,3 @@ def resume(run, folder):
         print(f"resumed {run.algorithm} from {step_dir} (step {meta['step']}, {meta['world_size']} ranks)",
               flush=True)
     return int(meta["step"])
-
-
-def _restore_center(run, centers):
-    for server, saved in zip(run.algo.servers_, centers):
-        if run.rank == 0:
-            current = server.pull(np.empty(server.size_elements, server.dtype))
-            server.push(saved.numpy() - current)
-    deadline.barrier(run.comm, timeout=run.timeout, op="resume")

@@ -36,10 +36,16 @@ def add_arguments(parser, *, sweep=False):
                         help="mlp hidden units (default 128) or cnn channels (default 32): a larger model "
                         "makes communication count")
     parser.add_argument("--dataset", default=DEFAULTS["dataset"],
-                        help="digits (bundled with scikit-learn), synthetic, cifar10 (from --data-dir) or a "
-                        "path to a .npz file (default: %(default)s)")
-    parser.add_argument("--data-dir", help="folder holding CIFAR-10's python batches")
-    parser.add_argument("--samples", type=int, default=20000, help="synthetic: number of samples")
+                        help="digits (bundled with scikit-learn), fashion-mnist (Debian's dataset-fashion-mnist, "
+                        "or --data-dir), synthetic, cifar10 (from --data-dir) or a path to a .npz file "
+                        "(default: %(default)s)")
+    parser.add_argument("--data-dir", help="folder holding CIFAR-10's python batches or Fashion-MNIST's idx files "
+                        "(fashion-mnist default: " + "/usr/share/datasets/fashion-mnist)")
+    parser.add_argument("--data-seed", type=int, default=0,
+                        help="seed of the data: the synthetic problem and the held-out split of digits and .npz "
+                        "x, y files; --seed does not change the data (default: %(default)s)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="synthetic: number of samples (20000); fashion-mnist: only the first N training images")
     parser.add_argument("--features", type=int, default=64, help="synthetic: input dimension")
     parser.add_argument("--classes", type=int, default=10, help="synthetic: number of classes")
     parser.add_argument("--clusters", type=int, default=1,
@@ -74,13 +80,16 @@ def add_arguments(parser, *, sweep=False):
                         help="easgd/asgd parameter-server ranks (default: %(default)s)")
     parser.add_argument("--max-delay", type=int, default=OPTION_DEFAULTS["max_delay"],
                         help="osgp bound on message delay in steps (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=OPTION_DEFAULTS["seed"], help="seed of data split, init, batches, gossip (default: 0)")
+    parser.add_argument("--seed", type=int, default=OPTION_DEFAULTS["seed"], help="seed of the initialisation, the batches and the gossip targets; not of the data (--data-seed) (default: 0)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu, or cuda (GPU bound by local rank) (default: cpu)")
     parser.add_argument("--eval-every", type=int, default=0,
                         help="evaluate every N steps (default: about 10 times per run)")
     parser.add_argument("--straggler", action="append", default=[], metavar="RANK:FACTOR",
                         help="that rank's compute takes FACTOR times longer (repeatable)")
+    parser.add_argument("--compute-ms", type=float, default=0.0,
+                        help="a fixed compute model: every step also sleeps this many ms, times the rank's "
+                        "--straggler factor; the same for every algorithm (default: 0, off)")
     parser.add_argument("--delay-prob", type=float, default=0.0, help="probability of a random slowdown per step")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="length of a random slowdown, ms")
     parser.add_argument("--out", help="output folder (config, metrics, summary, checkpoints)")
@@ -123,6 +132,8 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError(f"--max-delay must be >= 0, got {args.max_delay}")
     if not 0 <= args.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}")
+    if not args.compute_ms >= 0:
+        raise UsageError(f"--compute-ms must be >= 0, got {args.compute_ms}")
     if not 0 <= args.delay_prob <= 1 or args.delay_ms < 0:
         raise UsageError("--delay-prob must be in [0, 1] and --delay-ms >= 0")
     if args.checkpoint_every < 0 or args.eval_every < 0:

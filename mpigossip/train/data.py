@@ -5,12 +5,16 @@ take strided shards of the training split. Errors are ``DataError`` with a messa
 names the file and the problem.
 """
 
+import gzip
 import os
 import pickle
 
 import numpy as np
 
-NAMES = ("digits", "synthetic", "cifar10")
+NAMES = ("digits", "fashion-mnist", "synthetic", "cifar10")
+
+#: Where Debian's package ``dataset-fashion-mnist`` puts the original idx.gz files.
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
 class DataError(ValueError):
@@ -87,6 +91,52 @@ def synthetic(samples=20000, features=64, classes=10, seed=0, *, clusters=1, lab
     return data
 
 
+def _idx(path):
+    """One idx file (gzip or not) as a numpy array: the format of (Fashion-)MNIST."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+        if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+            raise ValueError("not an idx file of unsigned bytes")
+        ndim = raw[3]
+        dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(np.int64)
+        data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+        if data.size != int(np.prod(dims)):
+            raise ValueError(f"holds {data.size} bytes for dimensions {tuple(dims)}")
+        return data.reshape(tuple(dims))
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"fashion-mnist: {path} is not a readable idx file ({exc})") from None
+
+
+def fashion_mnist(directory=None, samples=None):
+    """Fashion-MNIST (Xiao et al. 2017: 60000 training and 10000 test 28x28 grey images of
+    clothes, 10 classes) from its original idx files, ``train-images-idx3-ubyte.gz`` etc., in
+    ``directory`` (default :data:`FASHION_MNIST_DIR`, where Debian's ``dataset-fashion-mnist``
+    installs them). Standardised with the training split's mean and deviation. ``samples``:
+    only the first N training images (a slice for tests); the test split stays whole. The
+    split is the data set's own, so it is the same for every seed."""
+    directory = directory or FASHION_MNIST_DIR
+    names = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
+             "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+    arrays = {}
+    for key, name in names.items():
+        path = next((os.path.join(directory, name + ext) for ext in (".gz", "")
+                     if os.path.isfile(os.path.join(directory, name + ext))), None)
+        if path is None:
+            raise DataError(f"fashion-mnist: {os.path.join(directory, name)}.gz not found: install Debian's package "
+                            "dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or pass --data-dir")
+        arrays[key] = _idx(path)
+    if samples is not None:
+        if samples < 1:
+            raise DataError(f"fashion-mnist: --samples must be >= 1, got {samples}")
+        arrays["x_train"], arrays["y_train"] = arrays["x_train"][:samples], arrays["y_train"][:samples]
+    mean, std = 0.2860, 0.3530  # of the whole training split, in [0, 1] units
+    norm = lambda x: ((x.astype(np.float32) / 255.0 - mean) / std).reshape(-1, 1, 28, 28)  # noqa: E731
+    return Dataset("fashion-mnist", norm(arrays["x_train"]), arrays["y_train"].astype(np.int64),
+                   norm(arrays["x_test"]), arrays["y_test"].astype(np.int64), shape=(1, 28, 28), classes=10)
+
+
 def cifar10(directory):
     """CIFAR-10 from a local directory in its standard python format
     (``data_batch_1`` .. ``data_batch_5``, ``test_batch``; or the ``cifar-10-batches-py`` folder)."""
@@ -146,12 +196,17 @@ def npz(path, seed=0):
                    x_test.astype(np.float32), y_test.astype(np.int64), shape=x_train.shape[1:], classes=classes)
 
 
-def load(name, *, data_dir=None, seed=0, samples=20000, features=64, classes=10, clusters=1, label_noise=0.0):
-    """Load by ``--dataset`` value: a name in :data:`NAMES` or a path to a ``.npz`` file."""
+def load(name, *, data_dir=None, seed=0, samples=None, features=64, classes=10, clusters=1, label_noise=0.0):
+    """Load by ``--dataset`` value: a name in :data:`NAMES` or a path to a ``.npz`` file.
+    ``seed`` is the data seed (``--data-seed``): the synthetic problem and the held-out
+    split of digits and of an ``x, y`` file; the training seed does not change the data."""
     if name == "digits":
         return digits(seed)
+    if name == "fashion-mnist":
+        return fashion_mnist(data_dir, samples)
     if name == "synthetic":
-        return synthetic(samples, features, classes, seed, clusters=clusters, label_noise=label_noise)
+        return synthetic(20000 if samples is None else samples, features, classes, seed, clusters=clusters,
+                         label_noise=label_noise)
     if name == "cifar10":
         return cifar10(data_dir)
     if name.endswith(".npz"):

@@ -51,5 +51,10 @@ class Evaluator:
         c_correct, c_loss = reduce(comm, list(accuracy(self.model, self.x[lo:hi], self.y[lo:hi])), self.timeout)
         r_correct, _ = accuracy(model, self.x, self.y)  # this rank's own model
         rank_accs = deadline.allgather(comm, r_correct / n, timeout=self.timeout, op="train (evaluate)")
-        return {"test_loss": c_loss / n, "test_accuracy": c_correct / n, "consensus_distance": distance,
-                "rank_accuracy_mean": float(np.mean(rank_accs)), "rank_accuracy_min": float(np.min(rank_accs))}
+        out = {"test_loss": c_loss / n, "test_accuracy": c_correct / n, "consensus_distance": distance,
+               "rank_accuracy_mean": float(np.mean(rank_accs)), "rank_accuracy_min": float(np.min(rank_accs))}
+        if hasattr(algo, "center_parameters"):  # EASGD, ASGD: the center is the model they train
+            algo.load_consensus(algo.center_parameters(), algo.consensus_buffers(), into=self.model)
+            k_correct, k_loss = reduce(comm, list(accuracy(self.model, self.x[lo:hi], self.y[lo:hi])), self.timeout)
+            out.update(center_loss=k_loss / n, center_accuracy=k_correct / n)
+        return out

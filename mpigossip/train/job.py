@@ -67,7 +67,7 @@ class Run:
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
-        self.data = data_mod.load(args.dataset, data_dir=args.data_dir, seed=args.seed,
+        self.data = data_mod.load(args.dataset, data_dir=args.data_dir, seed=args.data_seed,
                                   samples=args.samples, features=args.features, classes=args.classes,
                                   clusters=args.clusters, label_noise=args.label_noise)
         x, y = self.data.shard(self.rank, self.size)
@@ -143,6 +143,7 @@ class Run:
         args = self.args
         t0 = time.perf_counter()
         w0 = deadline.waited_seconds()  # from here: gradient AllReduce waits inside optimizer.step()
+        c0 = self.algo.comm_time_s      # communication inside backward() (the gradient AllReduce)
         idx = torch.from_numpy(self.rng.integers(0, len(self.x_train), args.batch_size)).to(self.device)
         loss = F.cross_entropy(self.model(self.x_train[idx]), self.y_train[idx])
         self.optimizer.zero_grad(set_to_none=False)
@@ -153,19 +154,24 @@ class Run:
             deadline.abort(self.comm, f"train: loss is {loss_value} at step {step} with {self.algorithm}, "
                            f"lr={self.lr} (learning rate too large?)", errorcode=3)
         t1 = time.perf_counter()
-        if self.straggle > 1:  # the computation only: not the gradient AllReduce's waits inside it
-            time.sleep((self.straggle - 1) * max(0.0, t1 - t0 - (deadline.waited_seconds() - w0)))
+        inside = self.algo.comm_time_s - c0
+        if args.compute_ms:  # the fixed compute model: the same sleep for every algorithm
+            time.sleep(self.straggle * args.compute_ms / 1e3)
+        elif self.straggle > 1:  # the computation only: not the gradient AllReduce inside backward()
+            time.sleep((self.straggle - 1) * max(0.0, t1 - t0 - inside))
         if args.delay_prob and self.slow_rng.random() < args.delay_prob:
             time.sleep(args.delay_ms / 1e3)
         t2 = time.perf_counter()
         self.algo.step()
         t3 = time.perf_counter()
         waited = deadline.waited_seconds() - w0
-        self.times["compute_s"] += t2 - t0
-        self.times["comm_s"] += t3 - t2
+        compute, comm_s = t2 - t0 - inside, t3 - t2 + inside  # every algorithm's communication booked alike
+        self.times["compute_s"] += compute
+        self.times["comm_s"] += comm_s
         self.times["wait_s"] += waited
-        return {"step": step, "time_s": t3 - self.t_start, "loss": loss_value, "compute_s": t2 - t0,
-                "comm_s": t3 - t2, "wait_s": waited}
+        return {"step": step, "time_s": t3 - self.t_start, "train_s": t3 - self.t_start - self.aside_s,
+                "loss": loss_value, "compute_s": compute,
+                "comm_s": comm_s, "wait_s": waited}
 
     def _progress(self, step, record, last):
         done = (step + 1) / self.steps
@@ -185,12 +191,14 @@ class Run:
             self._log({"step": -1, "steps_done": 0, "time_s": 0.0, **self.evaluate(self.model, self.algo)})
         deadline.barrier(comm, timeout=self.timeout, op="train start")
         self.t_start = time.perf_counter()
+        self.aside_s = 0.0  # evaluations, logging and checkpoints: not part of a step's time
         waited0 = deadline.waited_seconds()
         last, last_print = {}, 0.0
         for step in range(self.start_step, self.steps):
             if stop is not None and stop.stop_at(step, self.start_step):
                 return self._preempt(step)
             record = self.train_step(step)
+            t_aside = time.perf_counter()
             if (step + 1) % self.eval_every == 0 or step + 1 == self.steps:
                 last = self.evaluate(self.model, self.algo)
                 record.update(last, steps_done=step + 1)
@@ -198,6 +206,7 @@ class Run:
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < self.steps:
                 checkpoint.save_checkpoint(comm, self.out, step + 1, checkpoint.state_of(self, step + 1),
                                            self.timeout)
+            self.aside_s += time.perf_counter() - t_aside
             if progress and (time.perf_counter() - last_print > 0.2 or step + 1 == self.steps):
                 last_print = time.perf_counter()
                 self._progress(step, record, last)
@@ -213,13 +222,16 @@ class Run:
     def _summary(self, final, wall, blocked):
         """Reduce the run's figures over ranks, write ``summary.json`` (rank 0), free the algorithm."""
         wall_max = reduce(self.comm, wall, self.timeout, op=MPI.MAX)
+        train_max = reduce(self.comm, wall - self.aside_s, self.timeout, op=MPI.MAX)
         compute, comm_s, wait, blocked = reduce(self.comm, [self.times["compute_s"], self.times["comm_s"],
                                                             self.times["wait_s"], blocked], self.timeout)
         summary = {"algorithm": self.algorithm, "world_size": self.size, "steps": self.steps, "lr": self.lr,
                    "model": self.args.model, "dataset": self.data.name, "final_loss": final["test_loss"],
                    "final_accuracy": final["test_accuracy"], "consensus_distance": final["consensus_distance"],
-                   "rank_accuracy_mean": final["rank_accuracy_mean"],
-                   "wall_time_s": wall_max, "time_per_step_s": wall_max / max(1, self.steps - self.start_step),
+                   "rank_accuracy_mean": final["rank_accuracy_mean"], "rank_accuracy_min": final["rank_accuracy_min"],
+                   **{k: final[k] for k in ("center_loss", "center_accuracy") if k in final},
+                   "wall_time_s": wall_max, "train_time_s": train_max,
+                   "time_per_step_s": train_max / max(1, self.steps - self.start_step),
                    "compute_time_s": compute / self.size, "comm_time_s": comm_s / self.size,
                    "wait_time_s": wait / self.size, "blocked_in_mpi_s": blocked / self.size}
         if self.metrics_file is not None:

@@ -22,9 +22,9 @@ def test_blocking_and_nonblocking_exact_mean(dtype, stage):
         x[:] = (np.arange(n) * (c.rank + 1)).astype(dtype)
         avg.start()
         assert avg.in_flight
-        avg.wait()
+        avg.finish()
         np.testing.assert_allclose(x, expected, rtol=1e-6)
-        assert avg.rounds == 2 and "rounds=2" in repr(avg)
+        assert avg.steps == 2 and "steps=2" in repr(avg)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -43,7 +43,7 @@ def test_start_returns_before_completion_is_forced():
         assert not avg.test(), "Iallreduce completed without rank 0"
         if c.rank == 1:
             c.Send(flag, dest=0, tag=99)
-    avg.wait()
+    avg.finish()
     assert np.all(x == (c.size - 1) / 2.0)
     avg.free()
 
@@ -78,7 +78,7 @@ def test_misuse():
     c = comm()
     avg = mg.AllreduceAverager(np.zeros(3), comm=c)
     with pytest.raises(RuntimeError, match="start"):
-        avg.wait()
+        avg.finish()
     avg.start()
     with pytest.raises(RuntimeError, match="in flight"):
         avg.average()
@@ -127,7 +127,7 @@ def test_chunk_bytes_must_agree_and_be_positive_on_every_rank():
     assert same_on_all_ranks(c, str(err.value))
     with pytest.raises(ValueError) as err:
         mg.AllreduceAverager(np.zeros(100), comm=c, chunk_bytes=0 if c.rank == 1 else 64)
-    assert "rank 1: chunk_bytes must be a positive integer, got 0" in str(err.value)
+    assert "rank 1: chunk_bytes must be an integer >= 1, got 0" in str(err.value)
     assert same_on_all_ranks(c, str(err.value))
 
 

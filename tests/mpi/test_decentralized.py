@@ -106,7 +106,7 @@ def test_adpsgd_conserves_mass_and_never_tears(kind, stage):
         host = to_host(x)
         assert host.min() == host.max()
         assert float(global_sum(c, host).sum()) == total
-        assert ad.exchanges == (steps if c.size > 1 else 0)
+        assert ad.exchanges == (steps if c.size > 1 else 0) and ad.steps == steps
 
 
 @pytest.mark.mpi(min_size=2)

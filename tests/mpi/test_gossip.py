@@ -41,14 +41,15 @@ def test_consensus_distance_shrinks(mode):
 
 def _run(c, mode, seed, tau):
     x = np.arange(64, dtype=np.float64) * (c.rank + 1)
-    g = mg.Gossip(x, comm=c, mode=mode, seed=seed, tau=tau)
+    g = mg.Every(mg.Gossip(x, comm=c, mode=mode, seed=seed), tau)
     peers = []
     for _ in range(12):
         if g.step():
             peers.append(tuple(g.last_peers))
         c.Barrier()
+    assert g.steps == 12
     g.free()
-    return x, peers, g.rounds
+    return x, peers, g.exchanges
 
 
 @pytest.mark.mpi(min_size=2)

@@ -96,8 +96,8 @@ def test_average_on_every_kind(kind, stage):
         np.testing.assert_array_equal(to_host(x), ref)
         avg.start()
         plain.start()
-        avg.wait()
-        plain.wait()
+        avg.finish()
+        plain.finish()
         np.testing.assert_array_equal(to_host(x), ref)
 
 

@@ -40,7 +40,7 @@ def test_sync_step_conserves_sum_x_and_sum_w_exactly(index):
     # Each step adds log2(1/share) bits to the denominators: stay within float64's 53 bits.
     for _ in range(24 if share == 0.5 else 12):
         ps.step()
-        assert np.array_equal(global_sum(c, x), total), f"sum x drifted at step {ps.step_count}"
+        assert np.array_equal(global_sum(c, x), total), f"sum x drifted at step {ps.steps}"
         assert c.allreduce(ps.weight) == c.size
     ps.free()
 
@@ -64,7 +64,7 @@ def test_chunked_step_is_bitwise_the_whole_buffer_step(chunk_bytes, slots):
         for _ in range(6):
             chunked.step()
             whole.step()
-            assert np.array_equal(x, ref) and np.array_equal(z, zref), f"{topo!r} step {chunked.step_count}"
+            assert np.array_equal(x, ref) and np.array_equal(z, zref), f"{topo!r} step {chunked.steps}"
             assert chunked.weight == whole.weight
         chunked.free()
         whole.free()
@@ -165,7 +165,7 @@ def test_overlap_consumes_late_messages_within_the_bound():
         if c.rank == 0:
             time.sleep(0.01)
         ps.finish()
-        assert all(m.step >= ps.step_count - 2 for m in ps._pending)
+        assert all(m.step >= ps.steps - 2 for m in ps._pending)
     ps.drain()
     assert np.array_equal(global_sum(c, x), total)
     ps.free()

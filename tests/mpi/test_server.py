@@ -63,7 +63,7 @@ def test_easgd_conserves_mass_and_converges():
     center0 = np.full(n, 1.0)
     srv = mg.ParameterServer(n, np.float64, comm=c, servers=1, init=center0)
     total = global_sum(c, x) + center0
-    ea = mg.ElasticAveraging(x, srv, beta=0.5, tau=2, workers=1)
+    ea = mg.Every(mg.ElasticAveraging(x, srv, beta=0.5, workers=1), 2)
     # Every exchange, by anyone, may halve the center's denominator: keep the total number
     # of exchanges within float64's 53 bits so that any drift is a real loss of mass.
     exchanges = max(2, 40 // c.size)
@@ -72,12 +72,12 @@ def test_easgd_conserves_mass_and_converges():
     c.Barrier()
     center = srv.pull(np.empty(n))
     assert np.array_equal(global_sum(c, x) + center, total), "elastic exchange lost mass"
-    assert ea.exchanges == exchanges
+    assert ea.exchanges == exchanges and ea.steps == 2 * exchanges
     # Convergence, in lockstep (so that no worker stops while others still pull) with the
     # EASGD rate beta/P: the per-worker rate 1/2 used above for exact arithmetic is unstable
     # when every worker pulls the same center before anyone pushes (P >= 3), which lockstep
     # across nodes makes the rule.
-    ea = mg.ElasticAveraging(x, srv, beta=0.5, tau=1)
+    ea = mg.ElasticAveraging(x, srv, beta=0.5)
     for _ in range(200):
         ea.step()
         c.Barrier()

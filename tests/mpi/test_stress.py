@@ -175,7 +175,7 @@ def test_agp_conserves_mass_with_ranks_at_different_steps(kind, stage, slow):
         ps.start()
         jitter()
         ps.finish()
-    assert ps.step_count == steps
+    assert ps.steps == steps
     ps.drain()
     assert not ps.in_flight
     np.testing.assert_allclose(global_sum(c, to_host(x)), expected, rtol=0, atol=1e-7,
