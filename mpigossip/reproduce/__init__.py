@@ -17,7 +17,7 @@ import time
 def main(args):
     from . import experiments, findings, report, setup, simulate
 
-    setting = experiments.SETTINGS["quick" if args.quick else "default"]
+    setting = experiments.for_problem(experiments.SETTINGS["quick" if args.quick else "default"], args.dataset)
     os.makedirs(args.out, exist_ok=True)
     mpiexec = shlex.split(args.mpiexec) if args.mpiexec else experiments.default_mpiexec()
     timed_mpiexec = shlex.split(args.timed_mpiexec) if args.timed_mpiexec else mpiexec
@@ -30,6 +30,7 @@ def main(args):
         print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
         return 2
     t0 = time.perf_counter()
+    commit = setup.commit()  # the code the runs use (later edits of the tree do not count)
 
     def progress(message):
         print(f"[{time.perf_counter() - t0:6.0f} s] {message}", flush=True)
@@ -68,7 +69,7 @@ def main(args):
     command = [os.path.basename(a) if os.path.isabs(a) else a for a in sys.argv[2:]]
     header = [f"Made by `{' '.join(['python -m mpigossip reproduce'] + command)}` on "
               f"{time.strftime('%Y-%m-%d %H:%M')} in {minutes:.1f} min ({'quick' if args.quick else 'default'} mode), "
-              f"at commit {setup.commit()}; {setup.versions()}.",
+              f"at commit {commit}; {setup.versions()}.",
               "",
               f"- machine: {setup.machine()}",
               f"- accuracy runs: `{shown(mpiexec)}`, p = {', '.join(map(str, setting['sizes']))} ranks on this "
@@ -80,7 +81,7 @@ def main(args):
                  else ""),
               f"- timed runs: `{shown(timed_mpiexec)}` ({setup.cluster(timed_mpiexec)}), {setting['timed_size']} ranks, "
               + ("CNN width 64" if args.dataset == "cifar10" else f"MLP width {setting['timed_width']}")
-              + f", lr {experiments.TIMED_LR}, {setting['timed_steps']} steps, fixed compute model: every step sleeps "
+              + f", lr {setting['timed_lr']:g}, {setting['timed_steps']} steps, fixed compute model: every step sleeps "
               f"{setting['timed_compute_ms']:g} ms (x2 on the straggler), cases "
               f"{', '.join(setting['timed_cases'])}, {setting['timed_repeats']} interleaved repeat(s); ms/step and "
               "time to accuracy exclude evaluations"
