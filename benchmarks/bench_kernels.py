@@ -9,7 +9,7 @@ of a plain copy of the same size on the same device, timed alternately in the sa
 1.0 is the memory limit: the kernel costs what moving its bytes costs.
 
 * GPU (CuPy): times from CUDA events around each call; the copy is a device-to-device
-  ``cudaMemcpyAsync``. Targets (issue 9): ratio >= 0.85 for every kernel in float32 and
+  ``cudaMemcpyAsync``. Targets: ratio >= 0.85 for every kernel in float32 and
   float16 at >= 64 MB, and a 1 MB call (host wall time, launch included) <= 1.5x a 1 MB copy.
 * CPU (numpy): the copy is ``np.copyto``; target ratio >= 0.9 (one pass over memory).
 

@@ -234,6 +234,17 @@ class Communicator(Steps):
             self._free_comm()
             raise
 
+    def _check_buffer(self, x, *, name="x", **options):
+        """Collective :func:`mpigossip.buffers.check_buffer` of this communicator's buffer (the
+        same error on every rank); frees the duplicated communicator first if it fails, so a
+        failed constructor leaks nothing."""
+        from . import buffers
+        try:
+            return buffers.check_buffer(x, comm=self.comm, op=self._name, name=name, timeout=self.timeout, **options)
+        except (TypeError, ValueError):
+            self._free_comm()
+            raise
+
     def _one_node(self):
         """Collective: whether every rank shares one node (``COMM_TYPE_SHARED``); the same
         answer on every rank."""

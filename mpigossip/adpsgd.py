@@ -51,11 +51,7 @@ class ADPSGD(Communicator):
         error = None
         error = integer_error(seed, "seed")
         self._validate(error)
-        try:
-            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout)
-        except (TypeError, ValueError):
-            self._free_comm()
-            raise
+        self.buffer = self._check_buffer(x, name="x")
         self.seed = seed
         self.active = self.rank % 2 == 0
         self.passives = list(range(1, self.size, 2))

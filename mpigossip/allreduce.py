@@ -35,12 +35,7 @@ class AllreduceAverager(Communicator):
     def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None, dup=True):
         super().__init__(comm, timeout, dup=dup)
         self._validate(check_chunk_bytes(chunk_bytes, auto=True))
-        try:
-            self.buffer = buffers.check_buffer(buf, comm=self.comm, op=self._name, name="buf",
-                                               timeout=self.timeout, same={"chunk_bytes": chunk_bytes})
-        except (TypeError, ValueError):
-            self._free_comm()
-            raise
+        self.buffer = self._check_buffer(buf, name="buf", same={"chunk_bytes": chunk_bytes})
         self._transport = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._request = None
         if chunk_bytes is None:

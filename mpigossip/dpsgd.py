@@ -43,12 +43,7 @@ class DPSGD(Communicator):
         except (TypeError, ValueError) as exc:
             error = error or str(exc)
         self._validate(error)
-        try:
-            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout,
-                                               same={"chunk_bytes": chunk_bytes, "slots": slots})
-        except (TypeError, ValueError):
-            self._free_comm()
-            raise
+        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots})
         self.steps = 0
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,

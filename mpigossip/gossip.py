@@ -75,11 +75,7 @@ class Gossip(Communicator):
         except (TypeError, ValueError) as exc:
             error = str(exc)
         self._validate(error)
-        try:
-            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout)
-        except (TypeError, ValueError):
-            self._free_comm()
-            raise
+        self.buffer = self._check_buffer(x, name="x")
         self.mode, self.seed = mode, seed
         self.steps = 0
         self.last_peers = []

@@ -112,12 +112,7 @@ class PushSum(Communicator):
                     xbuf = None  # x's own problem: check_buffer reports it
                 if xbuf is not None and buffers.describe(zbuf) != buffers.describe(xbuf):
                     zerror = f"z must match x ({xbuf}), got {zbuf}"
-        try:
-            self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout,
-                                               same={"chunk_bytes": chunk_bytes, "slots": slots}, error=zerror)
-        except (TypeError, ValueError):
-            self._free_comm()
-            raise
+        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots}, error=zerror)
         self.max_delay = max_delay
         self.weight = float(weight)
         self.steps = 0

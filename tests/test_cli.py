@@ -1,5 +1,5 @@
-"""The command line without MPI: nothing initialises MPI or loads torch before it must
-(issue 10, items 3 and 5): the launcher, `table`, `plot` and flag errors leave /dev/shm as
+"""The command line without MPI: nothing initialises MPI or loads torch before it must:
+the launcher, `table`, `plot` and flag errors leave /dev/shm as
 they found it; a bad flag is answered by rank 0 alone with the subcommand's usage."""
 
 import glob

@@ -1,5 +1,5 @@
 """One default per option: the communicators, their torch wrappers and the command line agree
-(issue 20, item 4: EASGD's tau was 4 in the wrapper and 1 elsewhere, OSGP's max_delay 1 in the
+(EASGD's tau was 4 in the wrapper and 1 elsewhere, OSGP's max_delay 1 in the
 wrapper and 0 in PushSum, so `mgt.EASGD(model, comm=c)` and `train --algorithm easgd` ran
 different algorithms)."""
 

@@ -1,4 +1,4 @@
-"""Processes end cleanly with messages in flight and without free() (issue 10, item 1).
+"""Processes end cleanly with messages in flight and without free().
 
 Before the fix, an OSGP wrapper left at exit crashed every rank inside MPI_Finalize
 (SIGSEGV): its requests outlived the buffers they sent from.

@@ -5,7 +5,7 @@
 For every algorithm in the CPU run: the GPU run has it, reached a test accuracy within
 ``--accuracy-drop`` of the CPU's, and a consensus distance at most ``--distance-factor``
 times the CPU's (plus 0.05 for algorithms whose distance is near zero). Prints one line per
-algorithm and exits 1 if any fails. (What issue 9 saw: EASGD at 0.10 accuracy and OSGP at
+algorithm and exits 1 if any fails. (What an earlier GPU run saw: EASGD at 0.10 accuracy and OSGP at
 15-30x the CPU's consensus distance on the GPU.)
 """
 

@@ -1,7 +1,7 @@
 """Stress: the concurrent communicators on every buffer kind, with large buffers, many steps
 and random per-rank delays, asserting exact invariants on dyadic data.
 
-This is what the GPU path got wrong (issue 9): a host-to-device copy out of a pinned staging
+This is what the GPU path got wrong (found on an H200): a host-to-device copy out of a pinned staging
 buffer was still running when MPI wrote the next message into that buffer, and nothing was
 raised. Each test updates its buffer on the device the way a training loop does (``x += d``
 with ``d`` already on the device, no synchronisation by the caller) and then checks what
