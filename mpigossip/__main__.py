@@ -75,6 +75,8 @@ def build_parser():
     rep.add_argument("--data-dir", help="the data set's folder (fashion-mnist: /usr/share/datasets/fashion-mnist; "
                      "cifar10: its python batches)")
     rep.add_argument("--timeout", type=float, default=1800, help="seconds one MPI job may take (default: 1800)")
+    rep.add_argument("--resume", action="store_true",
+                     help="reuse the jobs already finished in --out (an interrupted reproduction continues)")
     commands["launch"] = launch = sub.add_parser(
         "launch", help="start a batch job's ranks inside its Slurm allocation (the jobs/ scripts use it)")
     launch.add_argument("--launcher", default="srun", choices=["srun", "mpirun"],

@@ -138,6 +138,20 @@ def test_problem_flags_fashion_synthetic_or_cifar(tmp_path):
         cli.check_arguments(args, ["sgp"], [0.1], 4)
 
 
+def test_resume_reuses_a_finished_job_and_reruns_an_incomplete_one(tmp_path):
+    from mpigossip.reproduce import experiments as E
+    out = tmp_path / "job"
+    out.mkdir()
+    summaries = [{"algorithm": a, "lr": 0.1} for a in ("allreduce", "sgp")]
+    (out / "compare.json").write_text(json.dumps(summaries))
+    with open(tmp_path / "jobs.log", "w") as log:
+        launcher = E.Launcher(["false"], log, resume=True)  # would fail if it launched
+        assert launcher.compare(4, str(out), ("allreduce", "sgp"), (0.1,), 10) == summaries
+        with pytest.raises(RuntimeError, match="job failed"):  # a third algorithm: not all there, runs again
+            launcher.compare(4, str(out), ("allreduce", "sgp", "osgp"), (0.1,), 10)
+    assert "reused" in (tmp_path / "jobs.log").read_text()
+
+
 def test_reproduce_reports_a_failed_job(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpigossip", "reproduce", "--quick", "--out", str(tmp_path),
                         "--mpiexec", "false"], capture_output=True, text=True, timeout=120, cwd=ROOT)

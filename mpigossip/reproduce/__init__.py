@@ -36,15 +36,15 @@ def main(args):
         print(f"[{time.perf_counter() - t0:6.0f} s] {message}", flush=True)
 
     timed_error = None
-    with open(os.path.join(args.out, "jobs.log"), "w") as log:
+    with open(os.path.join(args.out, "jobs.log"), "a" if args.resume else "w") as log:
         try:
-            records = experiments.accuracy_runs(experiments.Launcher(mpiexec, log, timeout=args.timeout),
+            records = experiments.accuracy_runs(experiments.Launcher(mpiexec, log, timeout=args.timeout, resume=args.resume),
                                                 args.out, setting, args.quick, progress, flags)
         except RuntimeError as exc:
             print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
             return 1
         try:
-            timed = experiments.timed_runs(experiments.Launcher(timed_mpiexec, log, timeout=args.timeout),
+            timed = experiments.timed_runs(experiments.Launcher(timed_mpiexec, log, timeout=args.timeout, resume=args.resume),
                                            args.out, setting, progress, flags)
         except RuntimeError as exc:  # the report is still written, without them; exit status 1
             timed, timed_error = [], str(exc)

@@ -104,10 +104,12 @@ class Launcher:
         mpiexec: the launcher's words (e.g. ``["tests/cluster/mpiexec", "--map-by", "node"]``).
         log: a file object for the jobs' output.
         timeout: seconds one job may take before it is killed (an error).
+        resume: reuse a job whose ``compare.json`` in its output folder already holds every
+            run it would make (an interrupted reproduction continues where it stopped).
     """
 
-    def __init__(self, mpiexec, log, *, timeout=1800):
-        self.mpiexec, self.log, self.timeout = list(mpiexec), log, timeout
+    def __init__(self, mpiexec, log, *, timeout=1800, resume=False):
+        self.mpiexec, self.log, self.timeout, self.resume = list(mpiexec), log, timeout, resume
 
     def compare(self, size, out, algorithms, lrs, steps, extra=(), evals=15):
         """One ``compare`` job of ``size`` ranks writing into ``out`` (about ``evals``
@@ -116,6 +118,12 @@ class Launcher:
         cmd = self.mpiexec + ["-n", str(size), sys.executable, "-m", "mpigossip", "compare",
                               "--algorithms", *algorithms, "--lrs", *map(str, lrs), "--steps", str(steps),
                               "--eval-every", str(max(1, steps // evals)), "--quiet", "--out", out, *extra]
+        if self.resume:
+            done = load_summaries(out)
+            if sorted((s["algorithm"], s["lr"]) for s in done) == sorted((a, float(lr)) for a in algorithms
+                                                                           for lr in lrs):
+                self.log.write(f"# reused (--resume): {shlex.join(cmd)}\n")
+                return done
         self.log.write(f"$ {shlex.join(cmd)}\n")
         self.log.flush()
         stale = os.path.join(out, "compare.json")
