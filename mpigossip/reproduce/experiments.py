@@ -49,13 +49,13 @@ SETTINGS = {
     "default": {"sizes": (4, 8, 16), "seeds": (0, 1, 2), "steps": 1200, "lrs": (0.01, 0.3),
                 "algorithms": ALGORITHMS, "timed_steps": 100, "timed_width": 1024, "timed_size": 8,
                 "timed_repeats": 3, "timed_compute_ms": 50, "timed_cases": ("normal", "straggler", "delays"),
-                "evals": 15,
+                "evals": 15, "timed_evals": 6,  # evaluations cost 8 ranks on 2 cores more than 100 steps
                 "sim_sizes": (4, 16, 64, 256), "sim_steps": 400, "sim_seeds": (0, 1, 2),
                 "consensus_size": 1024, "consensus_steps": 30},
     "quick": {"sizes": (4, 8, 16), "seeds": (0,), "steps": 80, "lrs": (0.01, 0.3),
               "algorithms": ("allreduce", "easgd", "gossip-push", "sgp"), "timed_steps": 40, "timed_width": 256,
               "timed_size": 4, "timed_repeats": 1, "timed_compute_ms": 5, "timed_cases": ("normal", "straggler"),
-              "evals": 8, "problem_extra": ("--samples", "12000"),  # a fifth of Fashion-MNIST's training split
+              "evals": 8, "timed_evals": 8, "problem_extra": ("--samples", "12000"),  # a fifth of Fashion-MNIST's training split
               "sim_sizes": (4, 16, 64), "sim_steps": 150, "sim_seeds": (0,),
               "consensus_size": 256, "consensus_steps": 20},
 }
@@ -202,7 +202,8 @@ def timed_runs(launcher, root, setting, progress, flags=PROBLEM):
             progress(f"timed, {case}, repeat {repeat + 1}/{setting['timed_repeats']}: {size} ranks, "
                      + ", ".join(algorithms))
             for s in launcher.compare(size, out, algorithms, (setting["timed_lr"],), steps,
-                                      extra=extra + timed_case_flags(case, compute_ms), evals=setting["evals"]):
+                                      extra=extra + timed_case_flags(case, compute_ms),
+                                      evals=setting["timed_evals"]):
                 records.append({**_record(s), "case": case, "repeat": repeat,
                                 "curve": load_curve(run_dir(out, s["algorithm"], s["lr"]))})
     return records
