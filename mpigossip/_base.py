@@ -11,6 +11,7 @@ rank must still have run the same steps, as for ``drain()``.
 """
 
 import atexit
+import functools
 import itertools
 import sys
 import warnings
@@ -61,8 +62,10 @@ def shard_bounds(size, servers):
     return bounds
 
 
+@functools.lru_cache(maxsize=None)
 def tag_bound():
-    """The largest message tag this MPI allows (``MPI_TAG_UB``: at least 32767)."""
+    """The largest message tag this MPI allows (``MPI_TAG_UB``: at least 32767; read once,
+    it is fixed for the process)."""
     return MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 
 

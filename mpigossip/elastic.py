@@ -1,12 +1,12 @@
 """Workers of the parameter server: Elastic Averaging SGD and asynchronous (Downpour) SGD."""
 
 import numbers
-import warnings
 
 from . import buffers, kernels
 from ._base import Steps
 from ._checks import check_integer
 from ._registry import OPTION_DEFAULTS
+from .periodic import new_with_tau
 from .server import ParameterServer
 
 
@@ -70,14 +70,7 @@ class ElasticAveraging(_Worker):
     _renamed = {"calls": "steps", "exchanges": "steps"}
 
     def __new__(cls, *args, tau=1, **kwargs):
-        if isinstance(tau, int) and not isinstance(tau, bool) and tau > 1:
-            from .periodic import Every
-            warnings.warn(f"ElasticAveraging(tau={tau}) is deprecated: use mpigossip.Every(ElasticAveraging(...), "
-                          f"{tau})", DeprecationWarning, stacklevel=2)
-            inner = super().__new__(cls)
-            inner.__init__(*args, **kwargs)
-            return Every(inner, tau)
-        return super().__new__(cls)
+        return new_with_tau(cls, super(), args, kwargs, tau)
 
     def __init__(self, x, server, *, beta=OPTION_DEFAULTS["beta"], tau=1, workers=None):
         if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 < beta <= 1:

@@ -13,8 +13,6 @@ Targets are drawn from :class:`mpigossip.topology.RandomPeers` with ``allow_self
 a run is reproducible from its seed. Neither mode conserves the global mean exactly.
 """
 
-import warnings
-
 import numpy as np
 from mpi4py import MPI
 
@@ -22,6 +20,7 @@ from . import buffers, deadline, kernels
 from . import topology as topo_mod
 from ._base import Communicator, step_tag
 from ._checks import check_integer
+from .periodic import new_with_tau
 
 MODES = ("pull", "push")
 
@@ -44,14 +43,7 @@ class Gossip(Communicator):
     _renamed = {"calls": "steps", "rounds": "steps"}
 
     def __new__(cls, *args, tau=1, **kwargs):
-        if isinstance(tau, int) and not isinstance(tau, bool) and tau > 1:
-            from .periodic import Every
-            warnings.warn(f"{cls.__name__}(tau={tau}) is deprecated: use mpigossip.Every({cls.__name__}(...), {tau})",
-                          DeprecationWarning, stacklevel=2)
-            inner = super().__new__(cls)
-            inner.__init__(*args, **kwargs)
-            return Every(inner, tau)
-        return super().__new__(cls)
+        return new_with_tau(cls, super(), args, kwargs, tau)
 
     @classmethod
     def _hierarchical_error(cls, options):

@@ -78,7 +78,7 @@ class Hierarchical(Communicator):
                 self.node.free()
                 self._free_comm()
                 raise
-        self._steps = 0
+        self.steps = 0
 
     @classmethod
     def allocate(cls, size, dtype, *, comm, inter=None, node_size=None, timeout=None, **options):
@@ -97,15 +97,6 @@ class Hierarchical(Communicator):
     _state_keys = ("inter",)
 
     @property
-    def steps(self):
-        """Steps taken."""
-        return self._steps
-
-    @steps.setter
-    def steps(self, value):
-        self._steps = int(value)
-
-    @property
     def weight(self):
         """The PushSum weight of this node (1.0 without PushSum between nodes)."""
         return getattr(self.inter, "weight", 1.0)
@@ -121,7 +112,7 @@ class Hierarchical(Communicator):
         if self.inter is not None:
             self.inter.step()
         self.node.gather()
-        self._steps += 1
+        self.steps += 1
 
     def drain(self):
         """The inter-node communicator's :meth:`drain`."""

@@ -1,6 +1,8 @@
 """Every k steps: one composable wrapper that makes any averaging object communicate on
 every ``k``-th step only (EASGD's and gossip's ``tau``, local SGD's averaging period)."""
 
+import warnings
+
 from ._base import Steps
 from ._checks import check_integer
 
@@ -98,3 +100,16 @@ class Every(Steps):
 
     def __repr__(self):
         return f"<Every k={self.k} steps={self.steps} {self.inner!r}>"
+
+
+def new_with_tau(cls, base, args, kwargs, tau):
+    """``__new__`` of a class whose ``tau=`` is deprecated: ``tau=k`` > 1 builds the object
+    without it and returns ``Every(obj, k)`` (with a ``DeprecationWarning``); otherwise a
+    bare instance for the usual ``__init__`` (which validates ``tau``)."""
+    if isinstance(tau, int) and not isinstance(tau, bool) and tau > 1:
+        warnings.warn(f"{cls.__name__}(tau={tau}) is deprecated: use mpigossip.Every({cls.__name__}(...), {tau})",
+                      DeprecationWarning, stacklevel=3)
+        inner = base.__new__(cls)
+        inner.__init__(*args, **kwargs)
+        return Every(inner, tau)
+    return base.__new__(cls)

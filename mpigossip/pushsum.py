@@ -31,6 +31,7 @@ from ._checks import check_integer
 from ._pipeline import Pipeline, bind_mixing
 from ._registry import OPTION_DEFAULTS
 
+
 def _tag(step, weight=False):
     """A step's share (kind 0) and weight (kind 1): the package's one tag scheme."""
     return step_tag(step, 1 if weight else 0, 2)

@@ -24,8 +24,8 @@ def main(args):
     try:
         flags = experiments.problem(args.dataset, args.data_dir)
         if args.dataset == "fashion-mnist":
-            from ..train.data import fashion_mnist
-            fashion_mnist(args.data_dir, samples=1)  # missing files: one line naming the package, before any job
+            from ..train.data import fashion_mnist_files
+            fashion_mnist_files(args.data_dir)  # missing files: one line naming the package, before any job
     except ValueError as exc:
         print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
         return 2

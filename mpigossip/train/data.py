@@ -109,6 +109,24 @@ def _idx(path):
         raise DataError(f"fashion-mnist: {path} is not a readable idx file ({exc})") from None
 
 
+def fashion_mnist_files(directory=None):
+    """``{"x_train": path, ...}``: Fashion-MNIST's four idx files in ``directory`` (default
+    :data:`FASHION_MNIST_DIR`), gzipped or not; a ``DataError`` naming the Debian package
+    when one is missing."""
+    directory = directory or FASHION_MNIST_DIR
+    names = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
+             "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+    paths = {}
+    for key, name in names.items():
+        path = next((os.path.join(directory, name + ext) for ext in (".gz", "")
+                     if os.path.isfile(os.path.join(directory, name + ext))), None)
+        if path is None:
+            raise DataError(f"fashion-mnist: {os.path.join(directory, name)}.gz not found: install Debian's package "
+                            "dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or pass --data-dir")
+        paths[key] = path
+    return paths
+
+
 def fashion_mnist(directory=None, samples=None):
     """Fashion-MNIST (Xiao et al. 2017: 60000 training and 10000 test 28x28 grey images of
     clothes, 10 classes) from its original idx files, ``train-images-idx3-ubyte.gz`` etc., in
@@ -116,17 +134,7 @@ def fashion_mnist(directory=None, samples=None):
     installs them). Standardised with the training split's mean and deviation. ``samples``:
     only the first N training images (a slice for tests); the test split stays whole. The
     split is the data set's own, so it is the same for every seed."""
-    directory = directory or FASHION_MNIST_DIR
-    names = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
-             "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
-    arrays = {}
-    for key, name in names.items():
-        path = next((os.path.join(directory, name + ext) for ext in (".gz", "")
-                     if os.path.isfile(os.path.join(directory, name + ext))), None)
-        if path is None:
-            raise DataError(f"fashion-mnist: {os.path.join(directory, name)}.gz not found: install Debian's package "
-                            "dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or pass --data-dir")
-        arrays[key] = _idx(path)
+    arrays = {key: _idx(path) for key, path in fashion_mnist_files(directory).items()}
     if samples is not None:
         if samples < 1:
             raise DataError(f"fashion-mnist: --samples must be >= 1, got {samples}")
