@@ -25,7 +25,7 @@ import random
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, deadline, kernels
+from . import buffers, deadline, kernels, rma
 from ._base import Communicator
 from ._checks import integer_error
 
@@ -107,10 +107,10 @@ class ADPSGD(Communicator):
         self.last_peer = peer
         x, theirs, dt = self._x.memory, self._scratch, self.buffer.datatype
         self.win.Lock(peer, MPI.LOCK_EXCLUSIVE)
-        self._wait(self.win.Rget([theirs, dt], peer), f"step (Rget, step {self.steps})", peer=peer)
+        self._wait(rma.rget(self.win, theirs, dt, peer), f"step (Rget, step {self.steps})", peer=peer)
         kernels.weighted_sum(x, x, 0.5, [theirs], [0.5])
         np.copyto(theirs, x)
-        self._wait(self.win.Rput([theirs, dt], peer), f"step (Rput, step {self.steps})", peer=peer)
+        self._wait(rma.rput(self.win, theirs, dt, peer), f"step (Rput, step {self.steps})", peer=peer)
         self.win.Unlock(peer)
 
     def _fold(self):

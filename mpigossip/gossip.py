@@ -1,9 +1,9 @@
 """Gossiping SGD's averaging (Jin et al. 2016): pull from, or push to, a random peer.
 
 * ``mode="pull"``: each rank publishes its ``x`` into an RMA window (``Win.Allocate``)
-  under an exclusive lock on itself; a puller fetches a random target's copy with a
-  one-sided ``Rget`` under a shared lock (the target takes no part, and never exposes a
-  half-written vector), then ``x = (x + x_t) / 2``.
+  under an exclusive lock on itself; a puller fetches a random target's copy with
+  one-sided ``Rget``s (in pieces, :mod:`mpigossip.rma`) under a shared lock (the target
+  takes no part, and never exposes a half-written vector), then ``x = (x + x_t) / 2``.
 * ``mode="push"``: each rank sends ``x`` to a random target (possibly itself) and
   averages its own ``x`` (weight 1, or 2 if it picked itself) with everything that
   arrived. Targets come from a schedule shared through the seed, so every receiver knows
@@ -16,7 +16,7 @@ a run is reproducible from its seed. Neither mode conserves the global mean exac
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, deadline, kernels
+from . import buffers, deadline, kernels, rma
 from . import topology as topo_mod
 from ._base import Communicator, step_tag
 from ._checks import check_integer
@@ -126,8 +126,8 @@ class Gossip(Communicator):
             return  # averaging with one's own copy changes nothing
         slot = self._recv[0]
         self.win.Lock(target, MPI.LOCK_SHARED)
-        request = self.win.Rget(slot.spec, target)
-        self._wait(request, f"step (Rget, round {r})", peer=target)
+        requests = rma.rget(self.win, slot.memory, self.buffer.datatype, target)  # in pieces
+        self._wait(requests, f"step (Rget, round {r})", peer=target)
         self.win.Unlock(target)
         slot.after_recv()
         kernels.weighted_sum(self.buffer.array, self.buffer.array, 0.5, [slot.buffer.array], [0.5])

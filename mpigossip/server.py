@@ -27,7 +27,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, deadline, kernels
+from . import buffers, deadline, kernels, rma
 from ._base import Communicator, shard_bounds
 from ._checks import check_integer
 
@@ -141,17 +141,27 @@ class ParameterServer(Communicator):
             for s, (lo, hi) in enumerate(self.bounds):
                 shard = self._scratch[:hi - lo]
                 self.win.Lock(s, MPI.LOCK_EXCLUSIVE)
-                self._wait(self.win.Rget([shard, self.datatype], s), "push (Rget)", peer=s)
+                self._wait(rma.rget(self.win, shard, self.datatype, s), "push (Rget)", peer=s)
                 kernels.weighted_sum(shard, shard, 1.0, [data[lo:hi]], [1.0])
-                self._wait(self.win.Rput([shard, self.datatype], s), "push (Rput)", peer=s)
+                self._wait(rma.rput(self.win, shard, self.datatype, s), "push (Rput)", peer=s)
                 self.win.Unlock(s)
         else:
-            requests = [self.win.Raccumulate([data[lo:hi], self.datatype], s, op=MPI.SUM)
-                        for s, (lo, hi) in enumerate(self.bounds)]
-            self._wait(requests, "push (Raccumulate)", peer=list)  # request i goes to server rank i
+            requests, owners = self._per_shard(
+                lambda s, lo, hi: rma.raccumulate(self.win, data[lo:hi], self.datatype, s))
+            self._wait(requests, "push (Raccumulate)", peer=owners)
             for s in range(self.servers):
                 self.win.Flush(s)
         self.pushes += 1
+
+    def _per_shard(self, post):
+        """Post ``post(server, lo, hi)``'s requests for every shard; return them and a callable
+        naming the servers that the unfinished ones wait for."""
+        requests, server = [], []
+        for s, (lo, hi) in enumerate(self.bounds):
+            posted = post(s, lo, hi)
+            requests += posted
+            server += [s] * len(posted)
+        return requests, lambda pending: sorted({server[i] for i in pending})
 
     def pull(self, out):
         """Copy the current center into ``out`` (atomic per element)."""
@@ -161,13 +171,12 @@ class ParameterServer(Communicator):
         if self.atomicity == "lock":
             for s, (lo, hi) in enumerate(self.bounds):
                 self.win.Lock(s, MPI.LOCK_SHARED)
-                self._wait(self.win.Rget([host[lo:hi], self.datatype], s), "pull (Rget)", peer=s)
+                self._wait(rma.rget(self.win, host[lo:hi], self.datatype, s), "pull (Rget)", peer=s)
                 self.win.Unlock(s)
         else:
-            requests = [self.win.Rget_accumulate([self._origin[:hi - lo], self.datatype],
-                                                 [host[lo:hi], self.datatype], s, op=MPI.NO_OP)
-                        for s, (lo, hi) in enumerate(self.bounds)]
-            self._wait(requests, "pull (Rget_accumulate)", peer=list)  # request i goes to server rank i
+            requests, owners = self._per_shard(
+                lambda s, lo, hi: rma.rget_accumulate(self.win, self._origin, host[lo:hi], self.datatype, s))
+            self._wait(requests, "pull (Rget_accumulate)", peer=owners)
         if buf.on_device:
             buf.acquire()          # the user's pending work on out comes before our copy
             buf.array.set(host)    # pageable host memory: returns once host is no longer read

@@ -81,3 +81,35 @@ def test_launcher_sets_local_defaults_without_overriding():
     assert env["PATH"].split(os.pathsep)[1] == "/usr/bin"
     if os.geteuid() == 0:
         assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+
+
+@pytest.mark.parametrize("env, count, itemsize, expected", [
+    ({}, 40_000, 4, [(0, 16384), (16384, 32768), (32768, 40000)]),           # 64 KiB pieces
+    ({"OMPI_MCA_btl_tcp_max_send_size": "1048576"}, 200_000, 8, [(0, 65536), (65536, 131072), (131072, 196608),
+                                                                 (196608, 200000)]),  # half the fragment
+    ({"MPIGOSSIP_RMA_CHUNK_BYTES": "1000"}, 300, 8, [(0, 125), (125, 250), (250, 300)]),  # whole elements
+    ({"MPIGOSSIP_RMA_CHUNK_BYTES": "0"}, 300, 8, [(0, 300)]),               # not cut
+    ({"MPIGOSSIP_RMA_CHUNK_BYTES": "3"}, 3, 8, [(0, 1), (1, 2), (2, 3)]),     # at least one element
+    ({}, 0, 8, []),
+])
+def test_one_sided_transfers_are_cut_below_the_fragment(monkeypatch, env, count, itemsize, expected):
+    from mpigossip import rma
+    for name in (rma.CHUNK_ENV, "OMPI_MCA_btl_tcp_max_send_size"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rma.chunk_bytes.cache_clear()
+    try:
+        assert rma.pieces(count, itemsize) == expected
+    finally:
+        rma.chunk_bytes.cache_clear()
+
+
+def test_a_bad_piece_size_is_refused(monkeypatch):
+    from mpigossip import rma
+    for value in ("64k", "-1"):
+        monkeypatch.setenv(rma.CHUNK_ENV, value)
+        rma.chunk_bytes.cache_clear()
+        with pytest.raises(ValueError, match=rma.CHUNK_ENV):
+            rma.chunk_bytes()
+    rma.chunk_bytes.cache_clear()
