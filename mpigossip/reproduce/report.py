@@ -2,7 +2,7 @@
 
 import os
 
-from .findings import Stat, auc, select, sim_final, target_accuracy, time_to_accuracy
+from .findings import Stat, auc, select, sim_final, target_accuracy, throughput, time_to_accuracy
 
 
 def _plt():
@@ -137,11 +137,13 @@ def _runs_table(records):
 def _timed_table(timed):
     target = target_accuracy(timed)
     rows = [[r["case"], str(r.get("repeat", 0)), r["algorithm"], f"{r['final_accuracy']:.4f}",
-             f"{r['final_loss']:.4f}", f"{r['time_per_step_s'] * 1e3:.1f}", f"{r.get('compute_time_s', 0):.2f}",
+             f"{r['final_loss']:.4f}", f"{r['time_per_step_s'] * 1e3:.1f}", f"{throughput(r):.2f}",
+             f"{r.get('compute_time_s', 0):.2f}",
              f"{r['comm_time_s']:.2f}", f"{r.get('wait_time_s', 0):.2f}",
              (lambda t: "never" if t is None else f"{t:.1f}")(time_to_accuracy(r["curve"], target))]
             for r in timed]
-    return _table(["case", "repeat", "algorithm", "test accuracy", "test loss", "ms/step (no evaluations)",
+    return _table(["case", "repeat", "algorithm", "test accuracy", "test loss",
+                   "ms/step (slowest rank, no evaluations)", "steps/s (sum of the ranks' own)",
                    "compute s/rank", "comm s/rank", "of which waiting", f"s to {target:.3f} accuracy"], rows)
 
 

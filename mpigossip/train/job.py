@@ -192,12 +192,14 @@ class Run:
         deadline.barrier(comm, timeout=self.timeout, op="train start")
         self.t_start = time.perf_counter()
         self.aside_s = 0.0  # evaluations, logging and checkpoints: not part of a step's time
+        self.train_s = 0.0
         waited0 = deadline.waited_seconds()
         last, last_print = {}, 0.0
         for step in range(self.start_step, self.steps):
             if stop is not None and stop.stop_at(step, self.start_step):
                 return self._preempt(step)
             record = self.train_step(step)
+            self.train_s = record["train_s"]  # this rank's training time at its last step (before drain)
             t_aside = time.perf_counter()
             if (step + 1) % self.eval_every == 0 or step + 1 == self.steps:
                 last = self.evaluate(self.model, self.algo)
@@ -223,6 +225,10 @@ class Run:
         """Reduce the run's figures over ranks, write ``summary.json`` (rank 0), free the algorithm."""
         wall_max = reduce(self.comm, wall, self.timeout, op=MPI.MAX)
         train_max = reduce(self.comm, wall - self.aside_s, self.timeout, op=MPI.MAX)
+        # Throughput as the network benchmark's P4 measures it: the sum over ranks of each rank's own
+        # steps per second (a rank that never waits for a slow one keeps its pace).
+        done = self.steps - self.start_step
+        throughput = float(reduce(self.comm, done / self.train_s if self.train_s > 0 else 0.0, self.timeout))
         compute, comm_s, wait, blocked = reduce(self.comm, [self.times["compute_s"], self.times["comm_s"],
                                                             self.times["wait_s"], blocked], self.timeout)
         summary = {"algorithm": self.algorithm, "world_size": self.size, "steps": self.steps, "lr": self.lr,
@@ -231,7 +237,7 @@ class Run:
                    "rank_accuracy_mean": final["rank_accuracy_mean"], "rank_accuracy_min": final["rank_accuracy_min"],
                    **{k: final[k] for k in ("center_loss", "center_accuracy") if k in final},
                    "wall_time_s": wall_max, "train_time_s": train_max,
-                   "time_per_step_s": train_max / max(1, self.steps - self.start_step),
+                   "time_per_step_s": train_max / max(1, done), "throughput_steps_s": throughput,
                    "compute_time_s": compute / self.size, "comm_time_s": comm_s / self.size,
                    "wait_time_s": wait / self.size, "blocked_in_mpi_s": blocked / self.size}
         if self.metrics_file is not None:
