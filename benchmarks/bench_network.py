@@ -81,7 +81,8 @@ def main():
     parser.add_argument("--p4-repeats", type=int, default=1, help="P4: runs of every algorithm, interleaved (1)")
     parser.add_argument("--p4-algorithms", nargs="+",
                         default=["allreduce", "sgp", "osgp", "osgp:4", "agp", "gossip-pull", "easgd", "adpsgd"],
-                        help="P4 algorithms; osgp:D = OSGP with max_delay D (default max_delay 1)")
+                        help="P4 algorithms; osgp:D = OSGP with max_delay D (default max_delay 1); easgd:S = EASGD with its "
+                        "center sharded over S server ranks (default 1)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
@@ -195,7 +196,8 @@ def _p4_runs(comm, args, mb, n_nodes):
     for _ in range(args.p4_repeats):
         for label in args.p4_algorithms:
             name, _, delay = label.partition(":")
-            options = {"max_delay": int(delay or 1)} if name == "osgp" else {}
+            options = {"max_delay": int(delay or 1)} if name == "osgp" else {"servers": int(delay)} \
+                if name == "easgd" and delay else {}
             rates, exchange = [], 0.0
             for slow in (1.0, 2.0):
                 factor = slow if comm.rank == 1 else 1.0

@@ -8,6 +8,7 @@
 # P4_STEPS (20) steps, with Open MPI's TCP progress thread on unless OMPI_MCA_btl_tcp_progress_thread
 # is set (0 turns it off), and writes OUT_DIR/p4-RATE.md and p4-RATE.json (4 ranks: about 18 minutes;
 # P4_RANKS="4 8" picks the world sizes; 8 ranks at 16 MB take far longer: EASGD's center serialises).
+# P4_ALGORITHMS overrides the list (osgp:D: max_delay D; easgd:S: the center on S server ranks).
 # benchmarks/_network_table.py TMP OUT RATE MODE THREAD P4 rebuilds the tables from the rows' JSON files.
 #
 # For 4 ranks (one per node, TCP only) and 8 ranks (two per node): bench_network.py once per Open
@@ -42,7 +43,7 @@ run() {  # RANKS MAP LABEL "PARTS [BENCH FLAGS]" [MCA...]
   echo "benchmarks/network.sh: $n ranks, $label: failed" >&2
 }
 P4="p4 --compute-ms 200 --sizes-mb ${P4_MB:-1 16} --p4-steps ${P4_STEPS:-20} --p4-repeats ${P4_REPEATS:-3}
-    --p4-algorithms allreduce sgp osgp:4 agp gossip-pull easgd adpsgd"
+    --p4-algorithms ${P4_ALGORITHMS:-allreduce sgp osgp:4 agp gossip-pull easgd adpsgd}"
 if [ "$MODE" = p4 ]; then
   export OMPI_MCA_btl_tcp_progress_thread=${OMPI_MCA_btl_tcp_progress_thread:-1} LIMIT_S=2400
   for n in ${P4_RANKS:-4 8}; do

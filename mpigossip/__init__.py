@@ -30,10 +30,11 @@ from . import kernels, topology  # noqa: E402  (neither imports MPI)
 _LAZY = {"AllreduceAverager": "allreduce", "AsyncSGD": "elastic", "ElasticAveraging": "elastic",
          "Gossip": "gossip", "ParameterServer": "server", "PushSum": "pushsum", "DPSGD": "dpsgd",
          "ADPSGD": "adpsgd", "NodeMean": "node", "Hierarchical": "hierarchical", "Every": "periodic",
+         "Outer": "outer",
          "buffers": None}
 
 __all__ = ["ADPSGD", "AllreduceAverager", "AsyncSGD", "DPSGD", "ElasticAveraging", "Every", "Gossip", "Hierarchical",
-           "NodeMean", "ParameterServer", "PushSum", "buffers", "kernels", "topology", "__version__"]
+           "NodeMean", "Outer", "ParameterServer", "PushSum", "buffers", "kernels", "topology", "__version__"]
 
 
 def __getattr__(name):

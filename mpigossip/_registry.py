@@ -6,7 +6,11 @@ MPI are loaded.
 
 #: Every algorithm, in the order tables list them.
 ALGORITHMS = ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp", "agp",
-              "dpsgd", "adpsgd")
+              "dpsgd", "adpsgd", "localsgd", "slowmo", "diloco")
+
+#: The outer optimizers (:mod:`mpigossip.outer`) and the parameter-averaging algorithms they run over.
+OUTER = ("localsgd", "slowmo", "diloco")
+OUTER_BASES = ("allreduce-params", "sgp", "dpsgd", "gossip-push")
 
 #: The options each algorithm's wrapper takes (besides ``comm`` and ``timeout``).
 _HIERARCHICAL = ("hierarchical", "node_size")
@@ -14,13 +18,25 @@ OPTIONS = {"allreduce": ("bucket_mb",), "allreduce-params": _HIERARCHICAL, "easg
            "asgd": ("servers",), "gossip-pull": ("tau", "seed"), "gossip-push": ("tau", "seed") + _HIERARCHICAL,
            "sgp": ("topology", "peers") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay"),
            "agp": ("topology", "peers"),
-           "dpsgd": ("topology",) + _HIERARCHICAL, "adpsgd": ("seed",)}
+           "dpsgd": ("topology",) + _HIERARCHICAL, "adpsgd": ("seed",),
+           **{a: ("base", "inner_steps", "outer_lr", "outer_momentum", "warmup") for a in OUTER}}
+
+
+def options_of(algorithm, base=None):
+    """The options a wrapper takes: its own, and for an outer optimizer its base's too."""
+    if algorithm in OUTER:
+        base = base or OPTION_DEFAULTS["base"]
+        return OPTIONS[algorithm] + (OPTIONS[base] if base in OUTER_BASES else ())
+    return OPTIONS[algorithm]
 
 #: The one default of each option shared by several layers (the communicator, its torch
 #: wrapper and the command line all read it here): every method communicates every step
 #: (``tau``), OSGP's messages may arrive one step late (``max_delay``), the EASGD center's
-#: moving rate ``beta`` (each of P workers moves by beta / P), one server rank, one out-peer.
-OPTION_DEFAULTS = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers": 1, "seed": 0}
+#: moving rate ``beta`` (each of P workers moves by beta / P), one server rank, one out-peer;
+#: outer optimizers average the parameters by AllReduce every 32 steps (DiLoCo's outer Nesterov
+#: momentum over inner momentum SGD diverged on digits at 4 and 8: docs/RESULTS.md).
+OPTION_DEFAULTS = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers": 1, "seed": 0,
+                   "base": "allreduce-params", "inner_steps": 32}
 
 #: The algorithms that take ``hierarchical=True`` (``--hierarchical``).
 HIERARCHICAL = tuple(a for a in ALGORITHMS if "hierarchical" in OPTIONS[a])

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 CUDA_SOURCE_PATH = os.path.join(os.path.dirname(__file__), "cuda", "kernels.cu")
-KERNEL_NAMES = ("weighted_sum", "weighted_sum_many", "split_share", "debias", "elastic", "scale")
+KERNEL_NAMES = ("weighted_sum", "weighted_sum_many", "split_share", "debias", "elastic", "scale", "outer")
 _CUDA_TYPES = {"float16": "__half", "float32": "float", "float64": "double"}
 
 
@@ -62,7 +62,7 @@ def kernel_expressions():
     for t, size in (("__half", 2), ("float", 4), ("double", 8)):
         for v in (1, 16 // size):
             out += [f"weighted_sum<{t}, {k}, {v}>" for k in range(MAX_DIRECT_RECVS + 1)]
-            out += [f"{name}<{t}, {v}>" for name in ("split_share", "debias", "elastic", "scale")]
+            out += [f"{name}<{t}, {v}>" for name in ("split_share", "debias", "elastic", "scale", "outer")]
         out.append(f"weighted_sum_many<{t}>")
     return out
 
@@ -201,3 +201,30 @@ def scale(x, alpha):
     else:
         _launch("scale", x, (x, np.float64(alpha)))
     return x
+
+
+def outer(anchor, x, momentum, lr, mu=0.0, *, nesterov=False, w=1.0):
+    """Outer optimizer step on the model ``x / w`` just averaged, in one pass:
+    ``g = anchor - x / w``; ``momentum = mu * momentum + g``; ``anchor -= lr * (g + mu *
+    momentum if nesterov else momentum)``; ``x = w * anchor``. With ``lr=1, mu=0`` the anchor
+    becomes the averaged model (local SGD); SlowMo is ``mu > 0``, DiLoCo ``nesterov``."""
+    _check(anchor, x, momentum)
+    if _is_numpy(x):
+        for b in _blocks(x.size):
+            ab, xb, mb = anchor[b], x[b], momentum[b]
+            g = np.divide(xb, w) if w != 1.0 else xb.copy()   # a block-sized temporary
+            np.subtract(ab, g, out=g)                         # g = a - x / w
+            np.multiply(mb, mu, out=mb)
+            np.add(mb, g, out=mb)                             # m = mu m + g
+            if nesterov:
+                np.multiply(mb, mu, out=xb)
+                np.add(xb, g, out=xb)                         # d = g + mu m (x as scratch)
+                np.multiply(xb, lr, out=xb)
+            else:
+                np.multiply(mb, lr, out=xb)                   # lr * m
+            np.subtract(ab, xb, out=ab)                       # a -= lr d
+            np.multiply(ab, w, out=xb) if w != 1.0 else np.copyto(xb, ab)
+    else:
+        _launch("outer", x, (anchor, x, momentum, np.float64(lr), np.float64(mu), np.float64(w),
+                             np.int32(bool(nesterov))), operands=(anchor, x, momentum))
+    return anchor

@@ -74,6 +74,35 @@ def test_elastic_conserves_mass_exactly():
     assert np.array_equal(x + (3.0 + c), total)
 
 
+@pytest.mark.parametrize("dtype", DTYPES + [np.float16])
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("lr, mu, nesterov, w", [(1.0, 0.0, False, 1.0), (0.7, 0.9, True, 1.0),
+                                                  (1.0, 0.5, False, 0.25), (0.7, 0.9, True, 3.0)])
+def test_outer_step_matches_reference(dtype, n, lr, mu, nesterov, w):
+    a0, z0, m0 = rng_arrays(n, 3, dtype, seed=n)
+    x0 = (z0.astype(np.float64) * w).astype(dtype)
+    a, x, m = a0.copy(), x0.copy(), m0.copy()
+    kernels.outer(a, x, m, lr, mu, nesterov=nesterov, w=w)
+    g = a0.astype(np.float64) - x0.astype(np.float64) / w
+    m_ref = mu * m0 + g
+    a_ref = a0 - lr * (g + mu * m_ref if nesterov else m_ref)
+    t = tol(dtype) * 50
+    np.testing.assert_allclose(m, m_ref, rtol=t, atol=t)
+    np.testing.assert_allclose(a, a_ref, rtol=t, atol=t)
+    np.testing.assert_allclose(x, w * a_ref, rtol=t, atol=t)
+
+
+def test_outer_step_with_unit_rate_is_plain_averaging():
+    """lr = 1, no momentum: the anchor becomes the averaged model (to rounding; the outer
+    class copies instead, exactly)."""
+    a, m = np.arange(10.0), np.zeros(10)
+    x = np.linspace(-1, 1, 10)
+    avg = x.copy()
+    kernels.outer(a, x, m, 1.0)
+    np.testing.assert_allclose(a, avg, rtol=0, atol=1e-15)
+    assert np.array_equal(x, a)
+
+
 def test_operand_checks():
     with pytest.raises(ValueError, match="differ"):
         kernels.weighted_sum(np.zeros(3), np.zeros(4), 1.0)
@@ -139,3 +168,10 @@ def test_cupy_kernels_match_numpy(dtype, k, offset):
     kernels.debias(gz, dx, 0.5)
     kernels.scale(dx, 2.0)
     np.testing.assert_allclose(gz.get(), dx.get(), rtol=t, atol=t)
+    for nesterov, w in ((False, 1.0), (True, 0.5)):  # the outer step, both momentum forms
+        ha, hx, hm = x.copy(), c.copy(), (x - c).astype(dtype)
+        da, dx2, dm = dev(ha), dev(hx), dev(hm)
+        kernels.outer(ha, hx, hm, 0.7, 0.9, nesterov=nesterov, w=w)
+        kernels.outer(da, dx2, dm, 0.7, 0.9, nesterov=nesterov, w=w)
+        for d, h in ((da, ha), (dx2, hx), (dm, hm)):
+            np.testing.assert_allclose(d.get(), h, rtol=t * 10, atol=t * 10)

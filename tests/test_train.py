@@ -43,7 +43,7 @@ def all_runs(tmp_path_factory):
 def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
     out, proc = all_runs
     for algo in ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp", "agp",
-                 "dpsgd", "adpsgd"):
+                 "dpsgd", "adpsgd", "localsgd", "slowmo", "diloco"):
         s = summary(out / algo)
         assert s["final_accuracy"] >= 0.90, (algo, s)
         assert s["world_size"] == 4 and s["steps"] == 300
@@ -75,10 +75,10 @@ def test_plot_renders_figures(all_runs, tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("algo", ["allreduce", "sgp", "gossip-push", "dpsgd"])
+@pytest.mark.parametrize("algo", ["allreduce", "sgp", "gossip-push", "dpsgd", "diloco --base sgp --inner-steps 6"])
 def test_resume_continues_exactly(tmp_path, algo):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    common = ["train", "--algorithm", algo, "--steps", "40", "--quiet", "--eval-every", "20"]
+    common = ["train", "--algorithm", *algo.split(), "--steps", "40", "--quiet", "--eval-every", "20"]
     assert mg(2, *common, "--out", str(full), "--checkpoint-every", "20").returncode == 0
     proc = mg(2, *common, "--out", str(resumed), "--resume", str(full))
     assert proc.returncode == 0, proc.stderr

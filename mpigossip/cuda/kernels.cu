@@ -185,3 +185,36 @@ __global__ void scale(T* x, const double alpha, const long long n) {
     const Scale<T> f = {x, static_cast<typename Acc<T>::type>(alpha)};
     for_each<V>(f, n);
 }
+
+// Outer optimizer step (local SGD, SlowMo, DiLoCo) on the model z = x / w just averaged:
+// g = a - x / w; m = mu * m + g; d = nesterov ? g + mu * m : m; a -= lr * d; x = w * a.
+template <typename T> struct Outer {
+    typedef typename Acc<T>::type A;
+    T* a; T* x; T* m; A lr; A mu; A w; int nesterov;
+    template <int W> __device__ __forceinline__ void apply(const long long i) const {
+        Pack<T, W> av = get<T, W>(a, i);
+        Pack<T, W> xv = get<T, W>(x, i);
+        Pack<T, W> mv = get<T, W>(m, i);
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+            const A ai = load<T>(av.v[e]);
+            const A g = ai - load<T>(xv.v[e]) / w;
+            const A mi = mu * load<T>(mv.v[e]) + g;
+            const A an = ai - lr * (nesterov ? g + mu * mi : mi);
+            mv.v[e] = store<T>(mi);
+            av.v[e] = store<T>(an);
+            xv.v[e] = store<T>(w * an);
+        }
+        put<T, W>(m, i, mv);
+        put<T, W>(a, i, av);
+        put<T, W>(x, i, xv);
+    }
+};
+
+template <typename T, int V>
+__global__ void outer(T* a, T* x, T* m, const double lr, const double mu, const double w, const int nesterov,
+                      const long long n) {
+    typedef typename Acc<T>::type A;
+    const Outer<T> f = {a, x, m, static_cast<A>(lr), static_cast<A>(mu), static_cast<A>(w), nesterov};
+    for_each<V>(f, n);
+}

@@ -17,23 +17,25 @@ Wrappers work with any torch optimizer; they see only the parameters. Every wrap
 ``timeout=`` (seconds any of its waits may take, default ``$MPIGOSSIP_TIMEOUT`` or 300).
 """
 
-from .._registry import ALGORITHMS, HIERARCHICAL, OPTIONS
+from .._registry import ALGORITHMS, HIERARCHICAL, OPTIONS, OUTER, options_of
 from .allreduce import AllReduce
 from .base import _Wrapper  # noqa: F401 - for subclasses outside the package
 from .decentralized import ADPSGD, DPSGD
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 from .gossip import GossipPull, GossipPush
 from .gradients import GradientAllReduce
+from .outer import DiLoCo, LocalSGD, SlowMo
 from .server import ASGD, EASGD
 from .sgp import AGP, OSGP, SGP
 
-__all__ = ["ALGORITHMS", "HIERARCHICAL", "OPTIONS", "ADPSGD", "AGP", "AllReduce", "ASGD", "DPSGD", "EASGD", "FlatParameters", "GossipPull", "GossipPush", "GradientAllReduce",
-           "OSGP", "SGP", "broadcast_buffers", "broadcast_parameters", "make"]
+__all__ = ["ALGORITHMS", "HIERARCHICAL", "OPTIONS", "OUTER", "ADPSGD", "AGP", "AllReduce", "ASGD", "DiLoCo", "DPSGD",
+           "EASGD", "FlatParameters", "GossipPull", "GossipPush", "GradientAllReduce", "LocalSGD", "OSGP", "SGP",
+           "SlowMo", "broadcast_buffers", "broadcast_parameters", "make", "options_of"]
 
 
 _CLASSES = {"allreduce": GradientAllReduce, "allreduce-params": AllReduce, "easgd": EASGD, "asgd": ASGD,
             "gossip-pull": GossipPull, "gossip-push": GossipPush, "sgp": SGP, "osgp": OSGP, "agp": AGP, "dpsgd": DPSGD,
-            "adpsgd": ADPSGD}
+            "adpsgd": ADPSGD, "localsgd": LocalSGD, "slowmo": SlowMo, "diloco": DiLoCo}
 
 
 def make(name, model, *, comm, **options):
@@ -47,7 +49,7 @@ def make(name, model, *, comm, **options):
     """
     if name not in _CLASSES:
         raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
-    accepted = OPTIONS[name] + ("timeout",)
+    accepted = options_of(name, options.get("base")) + ("timeout",)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise TypeError(f"make({name!r}): unexpected option{'s' if len(unknown) > 1 else ''} "

@@ -9,7 +9,7 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL, OPTION_DEFAULTS
+from .._registry import ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL, OPTION_DEFAULTS, OUTER, OUTER_BASES
 
 DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
             "batch_size": 32, "steps": 300}
@@ -80,6 +80,17 @@ def add_arguments(parser, *, sweep=False):
                         help="easgd/asgd parameter-server ranks (default: %(default)s)")
     parser.add_argument("--max-delay", type=int, default=OPTION_DEFAULTS["max_delay"],
                         help="osgp bound on message delay in steps (default: %(default)s)")
+    parser.add_argument("--base", default=OPTION_DEFAULTS["base"], choices=OUTER_BASES,
+                        help="localsgd/slowmo/diloco: the algorithm that averages at an outer step (default: %(default)s)")
+    parser.add_argument("--inner-steps", type=int, default=OPTION_DEFAULTS["inner_steps"],
+                        help="localsgd/slowmo/diloco: local steps between outer steps (default: %(default)s)")
+    parser.add_argument("--outer-lr", type=float, default=None,
+                        help="slowmo/diloco outer learning rate (default: slowmo 1.0, diloco 0.7)")
+    parser.add_argument("--outer-momentum", type=float, default=None,
+                        help="slowmo/diloco outer momentum (default: slowmo 0.5, diloco 0.9 Nesterov)")
+    parser.add_argument("--warmup-steps", type=int, default=0,
+                        help="localsgd/slowmo/diloco: average every step for the first N steps (post-local SGD) "
+                        "(default: 0)")
     parser.add_argument("--seed", type=int, default=OPTION_DEFAULTS["seed"], help="seed of the initialisation, the batches and the gossip targets; not of the data (--data-seed) (default: 0)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu, or cuda (GPU bound by local rank) (default: cpu)")
@@ -110,7 +121,7 @@ def check_arguments(args, algorithms, lrs, size):
         if not (lr > 0 and math.isfinite(lr)):
             raise UsageError(f"--lr must be > 0, got {lr}")
     positive = {"--batch-size": args.batch_size, "--tau": args.tau, "--servers": args.servers,
-                "--peers": args.peers}
+                "--peers": args.peers, "--inner-steps": args.inner_steps}
     for flag, value in positive.items():
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
@@ -130,6 +141,12 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError(f"--servers {args.servers} exceeds the world size {size}")
     if args.max_delay < 0:
         raise UsageError(f"--max-delay must be >= 0, got {args.max_delay}")
+    if args.outer_lr is not None and not (args.outer_lr > 0 and math.isfinite(args.outer_lr)):
+        raise UsageError(f"--outer-lr must be > 0, got {args.outer_lr}")
+    if args.outer_momentum is not None and not 0 <= args.outer_momentum < 1:
+        raise UsageError(f"--outer-momentum must be in [0, 1), got {args.outer_momentum}")
+    if args.warmup_steps < 0:
+        raise UsageError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if not 0 <= args.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}")
     if not args.compute_ms >= 0:
@@ -154,8 +171,9 @@ def check_arguments(args, algorithms, lrs, size):
             raise UsageError(f"--node-size must be a positive divisor of the world size, got {args.node_size}")
     nodes = size // args.node_size if size is not None and args.node_size else None
     for a in algorithms:
-        if a in DEFAULT_TOPOLOGY:
-            check_topology(args, a, nodes if args.hierarchical else size)
+        graph = args.base if a in OUTER else a
+        if graph in DEFAULT_TOPOLOGY:
+            check_topology(args, graph, nodes if args.hierarchical else size)
 
 
 def topology_name(args, algorithm):

@@ -106,12 +106,15 @@ class Run:
     def make_algorithm(self):
         """The algorithm's torch wrapper over ``self.model`` (collective), from the flags."""
         args = self.args
+        averaging = args.base if self.algorithm in mgt.OUTER else self.algorithm  # whose graph
         flags = {"beta": args.beta, "tau": args.tau, "servers": args.servers, "seed": args.seed,
                  "peers": args.peers, "max_delay": args.max_delay, "hierarchical": args.hierarchical,
-                 "node_size": args.node_size,
-                 "topology": topo_mod.make(topology_name(args, self.algorithm), peers=args.peers, seed=args.seed)}
+                 "node_size": args.node_size, "base": args.base, "inner_steps": args.inner_steps,
+                 "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, "warmup": args.warmup_steps,
+                 "topology": topo_mod.make(topology_name(args, averaging), peers=args.peers, seed=args.seed)}
+        accepted = mgt.options_of(self.algorithm, args.base)
         return mgt.make(self.algorithm, self.model, comm=self.comm, timeout=self.timeout,
-                        **{k: v for k, v in flags.items() if k in mgt.OPTIONS[self.algorithm]})
+                        **{k: v for k, v in flags.items() if k in accepted})
 
     def _log(self, record):
         if self.metrics_file is not None:

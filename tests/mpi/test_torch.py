@@ -68,7 +68,7 @@ def test_every_wrapper_keeps_views_and_drives_consensus(name):
     name, _, hierarchical = name.partition(" ")
     torch.manual_seed(c.rank)  # different initial models: the wrapper broadcasts rank 0's
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    options = {"tau": 1, "beta": 0.5, "max_delay": 1}
+    options = {"tau": 1, "beta": 0.5, "max_delay": 1, "inner_steps": 3}  # outer optimizers: 10 outer steps
     if hierarchical:
         from .test_hierarchical import shared_size
         options.update(hierarchical=True, node_size=2 if shared_size(c) % 2 == 0 else 1)

@@ -1,0 +1,155 @@
+"""Outer optimizers (local SGD, SlowMo, DiLoCo) over averaging communicators, against a
+replay in numpy of the same local updates and outer rule."""
+
+import numpy as np
+import pytest
+
+import mpigossip as mg
+
+from .helpers import comm, global_sum, same_on_all_ranks
+
+N = 5003
+
+
+def local_update(rank, step):
+    """A deterministic 'gradient step' that differs per rank and step."""
+    return np.random.default_rng(1000 * step + rank).standard_normal(N) * 0.1
+
+
+def replay(c, steps, H, lr, mu, nesterov, warmup=0):
+    """Every rank's model after ``steps`` steps, computed with numpy only: the mean over
+    ranks stands in for the AllReduce."""
+    start = np.linspace(-1, 1, N)
+    xs = [start.copy() for _ in range(c.size)]
+    anchor, m = start.copy(), np.zeros(N)
+    for k in range(1, steps + 1):
+        for r in range(c.size):
+            xs[r] += local_update(r, k)
+        if k <= warmup or (k - warmup) % H == 0:
+            avg = sum(xs) / c.size
+            if k <= warmup or (lr == 1.0 and mu == 0.0):
+                anchor = avg.copy()
+            else:
+                g = anchor - avg
+                m = mu * m + g
+                anchor = anchor - lr * (g + mu * m if nesterov else m)
+            xs = [anchor.copy() for _ in range(c.size)]
+    return xs[c.rank]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("method, H, warmup", [("localsgd", 4, 0), ("localsgd", 3, 5), ("slowmo", 4, 0),
+                                               ("diloco", 5, 2)])
+def test_outer_over_allreduce_matches_the_replay(method, H, warmup):
+    c = comm()
+    x = np.linspace(-1, 1, N)
+    outer = mg.Outer(x, mg.AllreduceAverager(x, comm=c), inner_steps=H, method=method, warmup=warmup)
+    steps = 17
+    for k in range(1, steps + 1):
+        x += local_update(c.rank, k)
+        averaged = outer.step()
+        assert averaged == (k <= warmup or (k - warmup) % H == 0)
+    lr, mu, nesterov = mg.outer.METHODS[method]
+    np.testing.assert_allclose(x, replay(c, steps, H, lr, mu, nesterov, warmup), rtol=1e-12, atol=1e-12)
+    assert outer.exchanges == warmup + (steps - warmup) // H
+    outer.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_local_sgd_anchor_is_the_exact_mean():
+    """lr = 1, no momentum: after an outer step every rank holds the AllReduce mean, bit for bit."""
+    c = comm()
+    x = np.random.default_rng(c.rank).standard_normal(N)
+    outer = mg.Outer(x, mg.AllreduceAverager(x, comm=c), inner_steps=1)
+    outer.step()
+    assert same_on_all_ranks(c, x.tobytes())
+    np.testing.assert_allclose(x, global_sum(c, x) / c.size, rtol=1e-15)
+    outer.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("method", ["slowmo", "diloco"])
+def test_outer_over_pushsum_keeps_the_weight_and_the_mass(method):
+    """Over SGP the anchors differ per rank; the outer step writes x = w * anchor and leaves
+    PushSum's weights alone (their sum stays the number of ranks)."""
+    c = comm()
+    x = np.random.default_rng(c.rank).standard_normal(N)
+    ps = mg.PushSum(x, comm=c)
+    outer = mg.Outer(x, ps, inner_steps=2, method=method)
+    for k in range(1, 9):
+        x += local_update(c.rank, k)
+        outer.step()
+    assert abs(c.allreduce(ps.weight) - c.size) < 1e-12
+    assert np.all(np.isfinite(x))
+    assert outer.exchanges == 4 and ps.steps == 4
+    outer.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_resume_continues_exactly():
+    """state_dict after 6 steps, a fresh object loads it, 6 more steps: the same model as 12
+    steps without a break (anchor and momentum restored)."""
+    c = comm()
+
+    def run(steps, x, outer):
+        for k in range(outer.steps + 1, outer.steps + steps + 1):
+            x += local_update(c.rank, k)
+            outer.step()
+
+    x = np.linspace(-1, 1, N)
+    whole = mg.Outer(x, mg.AllreduceAverager(x, comm=c), inner_steps=4, method="diloco")
+    run(12, x, whole)
+    whole.free()
+
+    y = np.linspace(-1, 1, N)
+    first = mg.Outer(y, mg.AllreduceAverager(y, comm=c), inner_steps=4, method="diloco")
+    run(6, y, first)
+    state, saved = first.state_dict(), y.copy()
+    first.free()
+    z = saved.copy()
+    second = mg.Outer(z, mg.AllreduceAverager(z, comm=c), inner_steps=4, method="diloco")
+    second.load_state_dict(state)
+    assert second.steps == 6 and second.exchanges == 1
+    run(6, z, second)
+    assert np.array_equal(z, x)
+    second.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_skipped_update_does_not_desynchronise_the_ranks():
+    """A mixed-precision scaler skips some ranks' optimizer steps (inf gradients): they still
+    call step(), so every rank averages at the same steps (a collective averager would
+    otherwise hang) and ends with the same model."""
+    c = comm()
+    x = np.zeros(N)
+    outer = mg.Outer(x, mg.AllreduceAverager(x, comm=c), inner_steps=3, method="slowmo")
+    rng = np.random.default_rng(c.rank)
+    for k in range(1, 13):
+        if rng.random() < 0.4:  # this rank's update was skipped
+            pass
+        else:
+            x += local_update(c.rank, k)
+        outer.step()
+    assert same_on_all_ranks(c, outer.exchanges)
+    assert same_on_all_ranks(c, x.tobytes())
+    outer.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_arguments_raise_the_same_error_everywhere():
+    c = comm()
+    x = np.zeros(10)
+    avg = mg.AllreduceAverager(x, comm=c)
+    for kwargs, match in (({"inner_steps": 0}, "inner_steps"), ({"inner_steps": 2, "method": "adam"}, "method"),
+                          ({"inner_steps": 2, "lr": 0.0}, "lr"), ({"inner_steps": 2, "momentum": 1.0}, "momentum"),
+                          ({"inner_steps": 2, "warmup": -1}, "warmup")):
+        with pytest.raises(ValueError, match=match):
+            mg.Outer(x, avg, **kwargs)
+    if c.size > 1:  # one rank's wrong value: every rank raises
+        with pytest.raises(ValueError, match="inner_steps"):
+            mg.Outer(x, avg, inner_steps=0 if c.rank == 1 else 2)
+        with pytest.raises(ValueError, match="differ across ranks"):
+            mg.Outer(x, avg, inner_steps=2 + (c.rank == 1))
+    with pytest.raises(TypeError, match="averager"):
+        mg.Outer(x, object(), inner_steps=2)
+    avg.free()
