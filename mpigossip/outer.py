@@ -56,6 +56,18 @@ def averages_at(step, inner_steps, warmup):
     return step <= warmup or (step - warmup) % inner_steps == 0
 
 
+def update(anchor, x, momentum, *, lr, mu, nesterov, plain, w=1.0):
+    """The outer step on one buffer just averaged (the model is ``x / w``): with ``plain``
+    (local SGD, or a warm-up step) the anchor becomes the model exactly; otherwise one fused
+    kernel (:func:`mpigossip.kernels.outer`) moves the anchor and writes ``x = w * anchor``."""
+    if not plain:
+        kernels.outer(anchor, x, momentum, lr, mu, nesterov=nesterov, w=w)
+    elif w == 1.0:
+        anchor[...] = x
+    else:
+        kernels.debias(anchor, x, w)
+
+
 def agree(comm, values, timeout, owner):
     """Raise the same ``ValueError`` on every rank of ``comm`` unless every rank passed the same
     ``values`` (``(error or None, settings)``)."""
@@ -139,16 +151,9 @@ class Outer(Steps):
             return False
         self.averager.step()
         self.buffer.acquire()
-        weight = float(getattr(self.averager, "weight", 1.0))  # PushSum: the model is x / w
-        if self.plain or self.steps <= self.warmup:
-            # local SGD and the warm-up: the anchor follows the average exactly
-            if weight == 1.0:
-                self._anchor[...] = self.buffer.array
-            else:
-                kernels.debias(self._anchor, self.buffer.array, weight)
-        else:
-            kernels.outer(self._anchor, self.buffer.array, self._momentum, self.lr, self.momentum,
-                          nesterov=self.nesterov, w=weight)
+        update(self._anchor, self.buffer.array, self._momentum, lr=self.lr, mu=self.momentum, nesterov=self.nesterov,
+               plain=self.plain or self.steps <= self.warmup,
+               w=float(getattr(self.averager, "weight", 1.0)))  # PushSum: the model is x / w
         self.buffer.release()
         self.exchanges += 1
         return True

@@ -49,31 +49,30 @@ def pieces(count, itemsize):
     return [(lo, min(lo + step, count)) for lo in range(0, count, step)] if count else []
 
 
-def rget(win, out, datatype, target, disp=0):
-    """``Rget`` of ``len(out)`` elements from ``target``'s window at element ``disp``, in pieces.
+def rget(win, out, datatype, target):
+    """``Rget`` of ``len(out)`` elements from the start of ``target``'s window, in pieces.
 
     Returns the list of requests (complete them all before reading ``out``)."""
-    return [win.Rget([out[lo:hi], datatype], target, target=(disp + lo, hi - lo, datatype))
+    return [win.Rget([out[lo:hi], datatype], target, target=(lo, hi - lo, datatype))
             for lo, hi in pieces(len(out), out.dtype.itemsize)]
 
 
-def rput(win, data, datatype, target, disp=0):
-    """``Rput`` of ``data`` into ``target``'s window at element ``disp``, in pieces."""
-    return [win.Rput([data[lo:hi], datatype], target, target=(disp + lo, hi - lo, datatype))
+def rput(win, data, datatype, target):
+    """``Rput`` of ``data`` to the start of ``target``'s window, in pieces."""
+    return [win.Rput([data[lo:hi], datatype], target, target=(lo, hi - lo, datatype))
             for lo, hi in pieces(len(data), data.dtype.itemsize)]
 
 
-def raccumulate(win, data, datatype, target, op=MPI.SUM, disp=0):
-    """``Raccumulate`` of ``data`` into ``target``'s window at element ``disp``, in pieces
-    (each element still updated atomically)."""
-    return [win.Raccumulate([data[lo:hi], datatype], target, target=(disp + lo, hi - lo, datatype), op=op)
+def raccumulate(win, data, datatype, target, op=MPI.SUM):
+    """``Raccumulate`` of ``data`` into the start of ``target``'s window, in pieces (each
+    element still updated atomically)."""
+    return [win.Raccumulate([data[lo:hi], datatype], target, target=(lo, hi - lo, datatype), op=op)
             for lo, hi in pieces(len(data), data.dtype.itemsize)]
 
 
-def rget_accumulate(win, origin, out, datatype, target, op=MPI.NO_OP, disp=0):
+def rget_accumulate(win, origin, out, datatype, target, op=MPI.NO_OP):
     """``Rget_accumulate`` (``NO_OP``: an atomic read) of ``len(out)`` elements, in pieces.
     ``origin`` is at least as long as the largest piece (Open MPI takes the count from it)."""
     return [win.Rget_accumulate([origin[:hi - lo], datatype], [out[lo:hi], datatype], target,
-                                target=(disp + lo, hi - lo, datatype), op=op)
+                                target=(lo, hi - lo, datatype), op=op)
             for lo, hi in pieces(len(out), out.dtype.itemsize)]
-

@@ -50,7 +50,8 @@ class _Outer:
         self.base = make(base if base in OUTER_BASES else "allreduce-params", model, comm=comm, timeout=timeout,
                          **options)
         try:
-            outer_mod.agree(self.base.comm, (error, chosen), self.base.timeout, f"mpigossip.torch.{type(self).__name__}")
+            outer_mod.agree(self.base.comm, (error, chosen), self.base.timeout,
+                            f"mpigossip.torch.{type(self).__name__}")
         except ValueError:
             self.base.free()
             raise
@@ -77,10 +78,7 @@ class _Outer:
         with self.base._ordered():
             plain = (self.lr == 1.0 and self.momentum == 0.0) or self.steps <= self.warmup
             for z, a, m in zip(self.base.flat.arrays, self.anchors, self.momenta):
-                if plain:
-                    a[...] = z
-                else:
-                    kernels.outer(a, z, m, self.lr, self.momentum, nesterov=self.nesterov)
+                outer_mod.update(a, z, m, lr=self.lr, mu=self.momentum, nesterov=self.nesterov, plain=plain)
             if not plain:
                 self._sync_numerators()
         self.exchanges += 1
@@ -118,7 +116,8 @@ class _Outer:
         with self.base._ordered():
             for mine, saved in ((self.anchors, state["anchors"]), (self.momenta, state["momenta"])):
                 if len(saved) != len(mine):
-                    raise ValueError(f"{self.name}: the state has {len(saved)} parameter groups, this model {len(mine)}")
+                    raise ValueError(f"{self.name}: the state has {len(saved)} parameter groups, "
+                                     f"this model {len(mine)}")
                 for array, value in zip(mine, saved):
                     value = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
                     if value.shape != array.shape:
