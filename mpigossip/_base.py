@@ -182,6 +182,8 @@ class Steps:
         self.free()
 
 
+_NO_WIRE = object()  # _check_buffer of a communicator without a wire= keyword
+
 class Communicator(Steps):
     """Base of the communicators. Owns ``self.comm``, a duplicate of the user's communicator,
     so mpigossip's messages never match the user's own.
@@ -237,11 +239,23 @@ class Communicator(Steps):
             self._free_comm()
             raise
 
-    def _check_buffer(self, x, *, name="x", **options):
+    def _check_buffer(self, x, *, name="x", wire=_NO_WIRE, **options):
         """Collective :func:`mpigossip.buffers.check_buffer` of this communicator's buffer (the
         same error on every rank); frees the duplicated communicator first if it fails, so a
-        failed constructor leaks nothing."""
+        failed constructor leaks nothing. A communicator that takes ``wire=`` passes it: it
+        must be valid for the buffer's dtype and the same on every rank."""
         from . import buffers
+        if wire is not _NO_WIRE:
+            from .wire import check_wire
+            options["same"] = {**(options.get("same") or {}), "wire": wire}
+            try:
+                dtype = buffers.as_buffer(x, name=name).dtype
+            except (TypeError, ValueError):
+                dtype = None  # the buffer's own problem: check_buffer reports it
+            try:
+                check_wire(wire, dtype)
+            except ValueError as exc:
+                options["error"] = f"{options['error']}; {exc}" if options.get("error") else str(exc)
         try:
             return buffers.check_buffer(x, comm=self.comm, op=self._name, name=name, timeout=self.timeout, **options)
         except (TypeError, ValueError):

@@ -14,11 +14,12 @@ OUTER_BASES = ("allreduce-params", "sgp", "dpsgd", "gossip-push")
 
 #: The options each algorithm's wrapper takes (besides ``comm`` and ``timeout``).
 _HIERARCHICAL = ("hierarchical", "node_size")
-OPTIONS = {"allreduce": ("bucket_mb",), "allreduce-params": _HIERARCHICAL, "easgd": ("beta", "tau", "servers"),
-           "asgd": ("servers",), "gossip-pull": ("tau", "seed"), "gossip-push": ("tau", "seed") + _HIERARCHICAL,
-           "sgp": ("topology", "peers") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay"),
+OPTIONS = {"allreduce": ("bucket_mb", "wire"), "allreduce-params": ("wire",) + _HIERARCHICAL,
+           "easgd": ("beta", "tau", "servers"),
+           "asgd": ("servers",), "gossip-pull": ("tau", "seed"), "gossip-push": ("tau", "seed", "wire") + _HIERARCHICAL,
+           "sgp": ("topology", "peers", "wire") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay", "wire"),
            "agp": ("topology", "peers"),
-           "dpsgd": ("topology",) + _HIERARCHICAL, "adpsgd": ("seed",),
+           "dpsgd": ("topology", "wire") + _HIERARCHICAL, "adpsgd": ("seed",),
            **{a: ("base", "inner_steps", "outer_lr", "outer_momentum", "warmup") for a in OUTER}}
 
 
@@ -36,7 +37,12 @@ def options_of(algorithm, base=None):
 #: outer optimizers average the parameters by AllReduce every 32 steps (DiLoCo's outer Nesterov
 #: momentum over inner momentum SGD diverged on digits at 4 and 8: docs/RESULTS.md).
 OPTION_DEFAULTS = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers": 1, "seed": 0,
-                   "base": "allreduce-params", "inner_steps": 32}
+                   "base": "allreduce-params", "inner_steps": 32, "wire": None}
+
+#: The compressed wire formats (:mod:`mpigossip.wire`) and the algorithms whose messages can
+#: travel in them (``wire=``, ``--wire``); an outer optimizer's through its base.
+WIRE_FORMATS = ("bf16", "fp16", "int8")
+WIRE = ("allreduce", "allreduce-params", "gossip-push", "sgp", "osgp", "dpsgd")
 
 #: The algorithms that take ``hierarchical=True`` (``--hierarchical``).
 HIERARCHICAL = tuple(a for a in ALGORITHMS if "hierarchical" in OPTIONS[a])

@@ -71,9 +71,11 @@ class AsyncPushSum(PushSum):
     _name = "PushSum(max_delay=None)"
 
     def __init__(self, x, *, comm, topology=None, max_delay=None, weight=1.0, z=None, timeout=None,
-                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2):
+                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2, wire=None):
         if z is not None:
             raise ValueError("PushSum(max_delay=None) takes no z: call debiased()")
+        if wire is not None:
+            raise ValueError("PushSum(max_delay=None) sends the buffer's own dtype: wire formats need max_delay >= 0")
         super().__init__(x, comm=comm, topology=topology, max_delay=None, weight=weight, timeout=timeout,
                          cuda_aware=cuda_aware, stage=stage, chunk_bytes=chunk_bytes, slots=slots)
         self._outs = {}                                   # dst -> _Out, made on first use

@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 from . import buffers, deadline, kernels
 from ._base import Communicator, check_chunk_bytes
+from ._wire_allreduce import WireAllreduce
 
 
 class AllreduceAverager(Communicator):
@@ -25,6 +26,10 @@ class AllreduceAverager(Communicator):
             costs the algorithm's latency rounds again; docs/RESULTS.md, P1). Same on every rank.
         dup: ``False`` uses ``comm`` as it is (a private duplicate its caller owns and frees),
             see :class:`~mpigossip._base.Communicator`.
+        wire: ``None`` (MPI's ``Allreduce`` in the buffer's dtype) or a compressed format of
+            :mod:`mpigossip.wire`: then the mean is a reduce-scatter and an allgather over
+            ``Isend``/``Irecv`` of the pre-scaled, encoded buffer (:mod:`mpigossip._wire_allreduce`;
+            ``chunk_bytes`` does not apply); every rank ends with identical values.
 
     ``average()`` blocks; ``start()`` posts a nonblocking ``Iallreduce`` that overlaps
     with computation until ``finish()``. Do not touch ``buf`` in between.
@@ -32,10 +37,14 @@ class AllreduceAverager(Communicator):
 
     _name = "AllreduceAverager"
 
-    def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None, dup=True):
+    def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None, dup=True,
+                 wire=None):
         super().__init__(comm, timeout, dup=dup)
         self._validate(check_chunk_bytes(chunk_bytes, auto=True))
-        self.buffer = self._check_buffer(buf, name="buf", same={"chunk_bytes": chunk_bytes})
+        self.buffer = self._check_buffer(buf, name="buf", same={"chunk_bytes": chunk_bytes}, wire=wire)
+        self.wire = wire
+        self._compressed = (WireAllreduce(self, wire, stage=stage, cuda_aware=cuda_aware)
+                            if wire is not None and self.size > 1 else None)
         self._transport = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._request = None
         if chunk_bytes is None:
@@ -63,6 +72,11 @@ class AllreduceAverager(Communicator):
         if self.size == 1:
             self.steps += 1
             return
+        if self._compressed is not None:
+            deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
+            self.start()
+            self.finish()
+            return
         t = self._transport
         t.before_send()
         deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
@@ -81,8 +95,12 @@ class AllreduceAverager(Communicator):
         self.steps += 1
 
     def start(self):
-        """Post the nonblocking ``Iallreduce``; returns at once."""
+        """Post the nonblocking ``Iallreduce`` (with a wire format: the reduce-scatter); returns at once."""
         self._check_idle()
+        if self._compressed is not None:
+            self._compressed.start()
+            self._request = self._compressed
+            return
         self._transport.before_send()
         self._request = self.comm.Iallreduce(MPI.IN_PLACE, self._transport.spec, MPI.SUM)
 
@@ -90,12 +108,19 @@ class AllreduceAverager(Communicator):
         """Whether the started average has completed (drives progress)."""
         if self._request is None:
             raise RuntimeError(f"{self._name}.test(): nothing started")
+        if self._compressed is not None:
+            return self._compressed.test()
         return self._request.Test()
 
     def finish(self):
         """Complete the started average and scale by ``1/size``."""
         if self._request is None:
             raise RuntimeError(f"{self._name}.finish(): start() was not called")
+        if self._compressed is not None:  # allgather and decode: the mean, no scaling left
+            self._request = None
+            self._compressed.finish()
+            self.steps += 1
+            return
         self._wait(self._request, "finish", peer="all ranks (Iallreduce)")
         self._request = None
         self._transport.after_recv()
@@ -138,4 +163,4 @@ class AllreduceAverager(Communicator):
     def __repr__(self):
         state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
         return (f"<AllreduceAverager {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
-                f"ranks={self.size} steps={self.steps} {state}>")
+                f"ranks={self.size}{'' if self.wire is None else ' wire=' + self.wire} steps={self.steps} {state}>")

@@ -27,6 +27,7 @@ _MPI_TYPES = {
     np.dtype(np.float32): MPI.FLOAT,
     np.dtype(np.float64): MPI.DOUBLE,
 }
+_MPI_TYPES[np.dtype(np.uint8)] = MPI.BYTE  # wire bytes (mpigossip.wire); never a user's buffer
 if MPI.FLOAT16_T != MPI.DATATYPE_NULL:
     _MPI_TYPES[np.dtype(np.float16)] = MPI.FLOAT16_T
 
@@ -39,7 +40,7 @@ def mpi_datatype(dtype):
     except KeyError:
         extra = " (this MPI has no MPI_FLOAT16_T)" if dtype == np.float16 else ""
         raise TypeError(f"dtype {dtype} is not supported{extra}; use one of "
-                        + ", ".join(str(d) for d in _MPI_TYPES)) from None
+                        + ", ".join(str(d) for d in _MPI_TYPES if d.kind == "f")) from None
 
 
 def array_kind(obj):
@@ -197,6 +198,18 @@ def scratch(buf, size=None):
     """A new :class:`Buffer` of uninitialised numpy/cupy memory like ``buf`` (same dtype, device)."""
     array = buf.empty(size)
     return Buffer(array, array, "numpy" if isinstance(array, np.ndarray) else "cupy")
+
+
+def raw(like, nbytes):
+    """A new :class:`Buffer` of ``nbytes`` uninitialised bytes (uint8) on ``like``'s device
+    (wire bytes of a compressed message)."""
+    if like.on_device:
+        cupy = _cupy()
+        with cupy.cuda.Device(like.array.device.id):
+            array = cupy.empty(nbytes, dtype=np.uint8)
+        return Buffer(array, array, "cupy")
+    array = np.empty(nbytes, dtype=np.uint8)
+    return Buffer(array, array, "numpy")
 
 
 def describe(buf):

@@ -27,13 +27,16 @@ class DPSGD(Communicator):
         timeout: seconds any wait may take before the job is aborted.
         cuda_aware, stage: see :class:`mpigossip.buffers.Transport`.
         chunk_bytes, slots: pipelining, as for :class:`mpigossip.PushSum`; same on every rank.
+        wire: ``None`` or a compressed format of :mod:`mpigossip.wire`, as for
+            :class:`mpigossip.PushSum` (the sender keeps its rounding error: the mean over
+            ranks stays exact).
     """
 
     _name = "DPSGD"
     _renamed = {"step_count": "steps"}
 
     def __init__(self, x, *, comm, topology=None, timeout=None, cuda_aware=None, stage=None,
-                 chunk_bytes=4 << 20, slots=2):
+                 chunk_bytes=4 << 20, slots=2, wire=None):
         super().__init__(comm, timeout)
         error = check_chunk_bytes(chunk_bytes)
         try:
@@ -43,11 +46,12 @@ class DPSGD(Communicator):
         except (TypeError, ValueError) as exc:
             error = error or str(exc)
         self._validate(error)
-        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots})
+        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots}, wire=wire)
+        self.wire = wire
         self.steps = 0
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
-                                  cuda_aware=cuda_aware)
+                                  cuda_aware=cuda_aware, wire=wire)
 
     def step(self):
         """One averaging round with this step's neighbours (collective over the graph)."""
@@ -65,4 +69,5 @@ class DPSGD(Communicator):
     def __repr__(self):
         state = "freed" if self.closed else "open"
         return (f"<DPSGD {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
-                f"{self.size} {self.topology!r} steps={self.steps} {state}>")
+                f"{self.size} {self.topology!r}{'' if self.wire is None else ' wire=' + self.wire} steps={self.steps} "
+                f"{state}>")

@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, deadline, kernels, rma
+from . import wire as wire_mod
 from . import topology as topo_mod
 from ._base import Communicator, step_tag
 from ._checks import check_integer
@@ -37,6 +38,8 @@ class Gossip(Communicator):
             on every ``k``-th step), with a ``DeprecationWarning``.
         topology: override the target schedule (default ``RandomPeers(1, seed, allow_self=True)``).
         timeout: seconds any wait may take before the job is aborted.
+        wire: push mode only: ``None`` or a compressed format of :mod:`mpigossip.wire`
+            (the pushed copy travels encoded; the receiver averages the decoded values).
     """
 
     _name = "Gossip"
@@ -52,7 +55,7 @@ class Gossip(Communicator):
         return None
 
     def __init__(self, x, *, comm, mode="pull", seed=0, tau=1, topology=None, timeout=None,
-                 cuda_aware=None, stage=None):
+                 cuda_aware=None, stage=None, wire=None):
         super().__init__(comm, timeout)
         error = None
         try:
@@ -64,10 +67,15 @@ class Gossip(Communicator):
             if not isinstance(topology, topo_mod.Topology):
                 raise TypeError(f"topology must be a mpigossip.topology.Topology, got {topology!r}")
             self.topology = topology.bind(self.size)
+            if wire is not None and mode != "push":
+                raise ValueError(f"wire={wire!r} needs mode='push' (a pull reads the window's own dtype)")
         except (TypeError, ValueError) as exc:
             error = str(exc)
         self._validate(error)
-        self.buffer = self._check_buffer(x, name="x")
+        self.buffer = self._check_buffer(x, name="x", wire=wire)
+        self.wire = wire
+        self._code = None if wire is None else wire_mod.Wire(wire, self.buffer.dtype)
+        self._send = None  # wire bytes of x (push with a wire format)
         self.mode, self.seed = mode, seed
         self.steps = 0
         self.last_peers = []
@@ -102,10 +110,15 @@ class Gossip(Communicator):
             self.win.Put([source, self.buffer.datatype], self.rank)
         self.win.Unlock(self.rank)
 
+    def _message(self):
+        """A full-size message buffer: the buffer's dtype, or its wire bytes."""
+        memory = (buffers.scratch(self.buffer) if self._code is None
+                  else buffers.raw(self.buffer, self._code.nbytes(self.buffer.size)))
+        return buffers.Transport(memory, stage=self._stage, cuda_aware=self._cuda_aware)
+
     def _recv_slot(self, index):
         while len(self._recv) <= index:
-            self._recv.append(buffers.Transport(buffers.scratch(self.buffer), stage=self._stage,
-                                                cuda_aware=self._cuda_aware))
+            self._recv.append(self._message())
         return self._recv[index]
 
     def step(self):
@@ -145,8 +158,14 @@ class Gossip(Communicator):
             requests.append(self.comm.Irecv(self._recv_slot(j).spec, source=src, tag=tag))
             peers.append(src)
         if target != self.rank:
-            self._x.before_send()
-            requests.append(self.comm.Isend(self._x.spec, dest=target, tag=tag))
+            send = self._x
+            if self._code is not None:
+                if self._send is None:
+                    self._send = self._message()
+                send = self._send
+                self._code.encode(self.buffer.array, send.buffer.array)
+            send.before_send()
+            requests.append(self.comm.Isend(send.spec, dest=target, tag=tag))
             peers.append(target)
         self._wait(requests, f"step (round {r})", peer=lambda pending: sorted({peers[i] for i in pending}))
         own = 2.0 if target == self.rank else 1.0  # Jin et al.: a self-push counts twice
@@ -155,8 +174,12 @@ class Gossip(Communicator):
         for j in range(len(senders)):
             self._recv[j].after_recv()
             recvs.append(self._recv[j].buffer.array)
-        kernels.weighted_sum(self.buffer.array, self.buffer.array, own / total, recvs,
-                             [1.0 / total] * len(recvs))
+        if self._code is None:
+            kernels.weighted_sum(self.buffer.array, self.buffer.array, own / total, recvs,
+                                 [1.0 / total] * len(recvs))
+        else:
+            self._code.decode_sum(self.buffer.array, self.buffer.array, own / total, recvs,
+                                  [1.0 / total] * len(recvs))
         self.buffer.release()
 
     def free(self):
@@ -168,5 +191,6 @@ class Gossip(Communicator):
 
     def __repr__(self):
         state = "freed" if self.closed else "open"
-        return (f"<Gossip mode={self.mode} {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
+        wire = "" if self.wire is None else f" wire={self.wire}"
+        return (f"<Gossip mode={self.mode}{wire} {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
                 f"rank={self.rank}/{self.size} seed={self.seed} steps={self.steps} {state}>")

@@ -87,6 +87,20 @@ def _launch(name, array, args, template=(), operands=()):
         _function(array.device.id, expression)((grid,), (_BLOCK,), args + (np.int64(n),))
 
 
+def cuda_type(dtype):
+    """The CUDA C++ element type of a numpy dtype."""
+    return _CUDA_TYPES[str(np.dtype(dtype))]
+
+
+def grid(n, block=_BLOCK):
+    """Blocks of a grid-stride launch over ``n`` elements."""
+    return max(1, min(-(-n // block), MAX_GRID))
+
+
+function = _function  # for the other kernel modules (mpigossip.wire)
+MAX_GRID = _MAX_GRID
+
+
 @functools.lru_cache(maxsize=64)
 def _device_array(values, dtype, device_id):
     import cupy

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import buffers, kernels
 from . import topology as topo_mod
+from . import wire as wire_mod
 from ._base import Communicator, check_chunk_bytes, step_tag, tag_period
 from ._checks import check_integer
 from ._pipeline import Pipeline, bind_mixing
@@ -73,6 +74,9 @@ class PushSum(Communicator):
             (4 MiB), through ``slots`` (2) receive slots per in-peer: receive memory is
             ``slots * chunk_bytes`` per in-peer, not a copy of the model. Same on every rank.
             A staged buffer (device memory without CUDA-aware MPI) goes in one piece.
+        wire: ``None`` (the buffer's dtype) or a compressed format of :mod:`mpigossip.wire`
+            (``"bf16"``, ``"fp16"``, ``"int8"``), same on every rank. The sender keeps the
+            rounding error of what it sends, so Σx over ranks and messages stays exact.
     """
 
     _name = "PushSum"
@@ -86,7 +90,7 @@ class PushSum(Communicator):
         return super().__new__(cls)
 
     def __init__(self, x, *, comm, topology=None, max_delay=OPTION_DEFAULTS["max_delay"], weight=1.0, z=None, timeout=None,
-                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2):
+                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2, wire=None):
         super().__init__(comm, timeout)
         error = check_chunk_bytes(chunk_bytes)
         try:
@@ -113,14 +117,17 @@ class PushSum(Communicator):
                     xbuf = None  # x's own problem: check_buffer reports it
                 if xbuf is not None and buffers.describe(zbuf) != buffers.describe(xbuf):
                     zerror = f"z must match x ({xbuf}), got {zbuf}"
-        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots}, error=zerror)
+        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots}, error=zerror,
+                                         wire=wire)
+        self.wire = wire
+        self._code = None if wire is None else wire_mod.Wire(wire, self.buffer.dtype)
         self.max_delay = max_delay
         self.weight = float(weight)
         self.steps = 0
         self._cuda_aware, self._stage = cuda_aware, stage
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
-                                  cuda_aware=cuda_aware)
+                                  cuda_aware=cuda_aware, wire=wire)
         self._recv = []        # overlap: full-size receive Transports (scratch), grown on demand
         self._recv_free = []   # indices of free receive slots (overlap mode)
         self._send = []        # overlap: send Transports
@@ -134,8 +141,10 @@ class PushSum(Communicator):
 
     # ------------------------------------------------------------------ helpers
     def _new_transport(self):
-        return buffers.Transport(buffers.scratch(self.buffer), stage=self._stage,
-                                 cuda_aware=self._cuda_aware)
+        """A full-size message buffer: the buffer's dtype, or its wire bytes."""
+        memory = (buffers.scratch(self.buffer) if self._code is None
+                  else buffers.raw(self.buffer, self._code.nbytes(self.buffer.size)))
+        return buffers.Transport(memory, stage=self._stage, cuda_aware=self._cuda_aware)
 
     def _recv_slot(self, index):
         while len(self._recv) <= index:
@@ -205,6 +214,10 @@ class PushSum(Communicator):
 
     def _combine(self, self_weight, recvs, weights):
         z = None if self._zbuf is None else self._zbuf.array
+        if self._code is not None:
+            self._code.decode_sum(self.buffer.array, self.buffer.array, self_weight, recvs, weights,
+                                  z=z, w=self.weight)
+            return
         kernels.weighted_sum(self.buffer.array, self.buffer.array, self_weight, recvs, weights,
                              z=z, w=self.weight)
 
@@ -239,7 +252,11 @@ class PushSum(Communicator):
                 self._send.append(self._new_transport())
             send = self._send[index]
             self.buffer.acquire()
-            if _uniform(p, out_weights):   # x = p x, send = p x: every out-peer takes it as is
+            if self._code is not None:     # send = encoded x, x -= (1 - p) decoded; peers scale
+                self._code.encode(self.buffer.array, send.buffer.array, keep=1.0 - p)
+                wbuf = np.array([self.weight], dtype=np.float64)
+                self.weight *= p
+            elif _uniform(p, out_weights):  # x = p x, send = p x: every out-peer takes it as is
                 kernels.split_share(self.buffer.array, send.buffer.array, p)
                 self.weight *= p
                 wbuf = np.array([self.weight], dtype=np.float64)
@@ -260,7 +277,7 @@ class PushSum(Communicator):
     def _receive_factor(self, src, k):
         """How the receiver scales what ``src`` sent at step k (overlap mode)."""
         own, peers = self.topology.mixing_weights(src, k)
-        return 1.0 if _uniform(own, peers) else peers[self.rank]
+        return 1.0 if self._code is None and _uniform(own, peers) else peers[self.rank]
 
     def _progress_sends(self):
         still = []
@@ -362,4 +379,4 @@ class PushSum(Communicator):
             f"{len(self._pending)} pending, {len(self._sends)} sending" if self.in_flight else "idle")
         return (f"<PushSum {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
                 f"{self.size} {self.topology!r} steps={self.steps} weight={self.weight:.6g} "
-                f"max_delay={self.max_delay} {state}>")
+                f"max_delay={self.max_delay}{'' if self.wire is None else ' wire=' + self.wire} {state}>")

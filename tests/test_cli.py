@@ -68,6 +68,8 @@ def test_bipartite_needs_an_even_world_size_even_alone():
     (["--topology", "bipartite", "--peers", "5"], "--topology bipartite --peers 5"),
     (["--algorithm", "dpsgd", "--topology", "random"], "dpsgd needs a doubly stochastic graph"),
     (["--algorithm", "easgd", "--hierarchical"], "--hierarchical: easgd cannot run hierarchically"),
+    (["--algorithm", "easgd", "--wire", "bf16"], "--wire: easgd cannot send compressed messages"),
+    (["--algorithm", "slowmo", "--wire", "int8", "--base", "sgp", "--wire", "bf17"], "--wire: invalid choice"),
     (["--algorithm", "sgp", "--hierarchical", "--node-size", "3"], "--node-size must be a positive divisor"),
     (["--algorithm", "sgp", "--node-size", "2"], "--node-size needs --hierarchical"),
     (["--straggler", "7:2"], "--straggler '7:2'"),

@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from mpigossip import kernels
+from mpigossip import kernels, wire
 
 DTYPES = [np.float32, np.float64]
 LENGTHS = [1, 7, 1001, 2 * kernels.CPU_BLOCK + 3]  # the last crosses the CPU path's block boundary
@@ -112,7 +112,7 @@ def test_operand_checks():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_cuda_source_compiles_with_nvcc(tmp_path):
-    inst = "".join(f"(void*)&{e}, " for e in kernels.kernel_expressions())
+    inst = "".join(f"(void*)&{e}, " for e in kernels.kernel_expressions() + wire.kernel_expressions())
     src = tmp_path / "check.cu"
     src.write_text(f'#include "{kernels.CUDA_SOURCE_PATH}"\nvoid* all_kernels[] = {{{inst}}};\n')
     proc = subprocess.run(["nvcc", "--std=c++14", "-c", str(src), "-o", str(tmp_path / "check.o")],

@@ -218,3 +218,121 @@ __global__ void outer(T* a, T* x, T* m, const double lr, const double mu, const 
     const Outer<T> f = {a, x, m, static_cast<A>(lr), static_cast<A>(mu), static_cast<A>(w), nesterov};
     for_each<V>(f, n);
 }
+
+// ---------------------------------------------------------------------------- wire formats
+// How a buffer travels compressed (mpigossip/wire.py): F = 0 bf16 (the top 16 bits of a
+// float, rounded to nearest even), 1 fp16 (finite values saturated at +-65504), 2 int8 with one float
+// scale per QBLOCK elements. One chunk of n elements on the wire: bf16/fp16: n 16-bit
+// words; int8: ceil(n / QBLOCK) float scales, then n int8 values. Encoding may keep the
+// rounding error: x -= keep * decode(wire) in the same pass (PushSum's exact mass). The
+// encoded value is scale * x (AllReduce's pre-scaling; keep is 0 then).
+#define QBLOCK 512
+
+__device__ __forceinline__ float bf16_decode(const unsigned short b) {
+    return __uint_as_float(static_cast<unsigned int>(b) << 16);
+}
+__device__ __forceinline__ unsigned short bf16_encode(const float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<unsigned short>(u >> 16);
+}
+__device__ __forceinline__ float fp16_saturate(const float f) {
+    return (f != f || isinf(f)) ? f : fminf(fmaxf(f, -65504.0f), 65504.0f);  // NaN and inf stay
+}
+
+template <int F> __device__ __forceinline__ float wire_value(const unsigned char* wire, const long long i,
+                                                             const long long n);
+template <> __device__ __forceinline__ float wire_value<0>(const unsigned char* wire, const long long i,
+                                                           const long long) {
+    return bf16_decode(reinterpret_cast<const unsigned short*>(wire)[i]);
+}
+template <> __device__ __forceinline__ float wire_value<1>(const unsigned char* wire, const long long i,
+                                                           const long long) {
+    return __half2float(reinterpret_cast<const __half*>(wire)[i]);
+}
+template <> __device__ __forceinline__ float wire_value<2>(const unsigned char* wire, const long long i,
+                                                           const long long n) {
+    const long long blocks = (n + QBLOCK - 1) / QBLOCK;
+    const signed char q = reinterpret_cast<const signed char*>(wire + 4 * blocks)[i];
+    return static_cast<float>(q) * reinterpret_cast<const float*>(wire)[i / QBLOCK];
+}
+
+// bf16 / fp16: wire = encode(scale * x); if keep != 0: x -= keep * decode(wire).
+template <typename T, int F>
+__global__ void encode16(T* x, unsigned char* wire, const double keep, const double scale, const long long n) {
+    typedef typename Acc<T>::type A;
+    GRID_STRIDE(i, n) {
+        const A v = load<T>(x[i]) * static_cast<A>(scale);
+        float d;
+        if (F == 0) {
+            const unsigned short b = bf16_encode(static_cast<float>(v));
+            reinterpret_cast<unsigned short*>(wire)[i] = b;
+            d = bf16_decode(b);
+        } else {
+            const __half h = __float2half_rn(fp16_saturate(static_cast<float>(v)));
+            reinterpret_cast<__half*>(wire)[i] = h;
+            d = __half2float(h);
+        }
+        if (keep != 0.0) x[i] = store<T>(v - static_cast<A>(keep) * static_cast<A>(d));
+    }
+}
+
+// int8: one thread block of 256 threads per QBLOCK elements (grid-stride over the blocks):
+// scale = max |x| / 127 over the block, q = rint(x / scale).
+template <typename T>
+__global__ void encode_int8(T* x, unsigned char* wire, const double keep, const double scale, const long long n) {
+    typedef typename Acc<T>::type A;
+    __shared__ float warp_max[8];
+    const long long blocks = (n + QBLOCK - 1) / QBLOCK;
+    float* scales = reinterpret_cast<float*>(wire);
+    signed char* q = reinterpret_cast<signed char*>(wire + 4 * blocks);
+    for (long long b = blockIdx.x; b < blocks; b += gridDim.x) {
+        const long long i0 = b * QBLOCK + threadIdx.x, i1 = i0 + 256;
+        const float s = static_cast<float>(scale);
+        const float v0 = i0 < n ? s * static_cast<float>(load<T>(x[i0])) : 0.0f;
+        const float v1 = i1 < n ? s * static_cast<float>(load<T>(x[i1])) : 0.0f;
+        float m = fmaxf(fabsf(v0), fabsf(v1));
+        for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+        if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+        __syncthreads();
+        m = warp_max[0];
+        for (int w = 1; w < 8; ++w) m = fmaxf(m, warp_max[w]);
+        const float q_scale = m / 127.0f, inv = m > 0.0f ? 127.0f / m : 0.0f;
+        if (threadIdx.x == 0) scales[b] = q_scale;
+        if (i0 < n) {
+            const float r = fminf(fmaxf(rintf(v0 * inv), -127.0f), 127.0f);
+            q[i0] = static_cast<signed char>(r);
+            if (keep != 0.0) x[i0] = store<T>(load<T>(x[i0]) - static_cast<A>(keep) * static_cast<A>(r * q_scale));
+        }
+        if (i1 < n) {
+            const float r = fminf(fmaxf(rintf(v1 * inv), -127.0f), 127.0f);
+            q[i1] = static_cast<signed char>(r);
+            if (keep != 0.0) x[i1] = store<T>(load<T>(x[i1]) - static_cast<A>(keep) * static_cast<A>(r * q_scale));
+        }
+        __syncthreads();  // warp_max is rewritten for the next block
+    }
+}
+
+// out = self_w * x + sum_{j<K} wt[j] * decode(wire[j]);  if debias: z = out / w.  out may alias x.
+template <typename T, int F, int K>
+__global__ void decode_sum(T* out, const T* x, const double self_w,
+                           const unsigned char* r0, const unsigned char* r1, const unsigned char* r2,
+                           const unsigned char* r3, const unsigned char* r4, const unsigned char* r5,
+                           const unsigned char* r6, const unsigned char* r7,
+                           const double w0, const double w1, const double w2, const double w3,
+                           const double w4, const double w5, const double w6, const double w7,
+                           T* z, const int debias, const double w, const long long n) {
+    typedef typename Acc<T>::type A;
+    const unsigned char* r[8] = {r0, r1, r2, r3, r4, r5, r6, r7};
+    const A wt[8] = {static_cast<A>(w0), static_cast<A>(w1), static_cast<A>(w2), static_cast<A>(w3),
+                     static_cast<A>(w4), static_cast<A>(w5), static_cast<A>(w6), static_cast<A>(w7)};
+    GRID_STRIDE(i, n) {
+        A acc = self_w != 0.0 ? static_cast<A>(self_w) * load<T>(x[i]) : static_cast<A>(0);  // x may be garbage
+#pragma unroll
+        for (int j = 0; j < K; ++j) acc += wt[j] * static_cast<A>(wire_value<F>(r[j], i, n));
+        const T v = store<T>(acc);
+        out[i] = v;
+        if (debias) z[i] = store<T>(load<T>(v) / static_cast<A>(w));
+    }
+}

@@ -15,20 +15,27 @@ class AllReduce(_Wrapper):
 
     With ``hierarchical=True`` the parameters are averaged in each node's shared memory,
     then across nodes by one ``Allreduce`` per local rank over its slice.
+
+    ``wire="bf16"|"fp16"|"int8"`` sends the parameters compressed (:mod:`mpigossip.wire`;
+    between nodes when hierarchical); the BatchNorm statistics stay exact.
     """
 
     name = "allreduce-params"
 
-    def __init__(self, model, *, comm, hierarchical=False, node_size=None, timeout=None):
-        self.hierarchical, self.node_size = bool(hierarchical), node_size
+    def __init__(self, model, *, comm, hierarchical=False, node_size=None, wire=None, timeout=None):
+        self.hierarchical, self.node_size, self.wire = bool(hierarchical), node_size, wire
         super().__init__(model, comm=comm, timeout=timeout)
         self.buffer_comms = [AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
                              for array in self.flat_buffers.arrays]
 
     def _make(self, array):
         if self.hierarchical:
-            return self._hierarchical(array, AllreduceAverager)
-        return AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
+            return self._hierarchical(array, AllreduceAverager, **self._wire())
+        return AllreduceAverager(array, comm=self.comm, timeout=self.timeout, wire=self.wire)
+
+    def _wire(self):
+        """``{"wire": ...}`` when set (the inter-node communicator's keyword), else nothing."""
+        return {} if self.wire is None else {"wire": self.wire}
 
     def _step(self):
         for c in self.comms:

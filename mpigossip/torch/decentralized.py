@@ -17,14 +17,15 @@ class DPSGD(_Wrapper):
 
     name = "dpsgd"
 
-    def __init__(self, model, *, comm, topology=None, hierarchical=False, node_size=None, timeout=None):
-        self.topology, self.hierarchical, self.node_size = topology, bool(hierarchical), node_size
+    def __init__(self, model, *, comm, topology=None, hierarchical=False, node_size=None, wire=None, timeout=None):
+        self.topology, self.hierarchical, self.node_size, self.wire = topology, bool(hierarchical), node_size, wire
         super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
         if self.hierarchical:
-            return self._hierarchical(array, _DPSGD, topology=self.topology)
-        return _DPSGD(array, comm=self.comm, topology=self.topology, timeout=self.timeout)
+            return self._hierarchical(array, _DPSGD, topology=self.topology,
+                                      **({} if self.wire is None else {"wire": self.wire}))
+        return _DPSGD(array, comm=self.comm, topology=self.topology, timeout=self.timeout, wire=self.wire)
 
     def _step(self):
         for c in self.comms:

@@ -15,7 +15,11 @@ class GossipPull(_Periodic):
         super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
-        return self._every(Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, timeout=self.timeout))
+        return self._every(Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, timeout=self.timeout,
+                                  **self._wire()))
+
+    def _wire(self):
+        return {}
 
 
 
@@ -26,11 +30,14 @@ class GossipPush(GossipPull):
     name = "gossip-push"
     mode = "push"
 
-    def __init__(self, model, *, comm, tau=1, seed=0, hierarchical=False, node_size=None, timeout=None):
-        self.hierarchical, self.node_size = bool(hierarchical), node_size
+    def __init__(self, model, *, comm, tau=1, seed=0, hierarchical=False, node_size=None, wire=None, timeout=None):
+        self.hierarchical, self.node_size, self.wire = bool(hierarchical), node_size, wire
         super().__init__(model, comm=comm, tau=tau, seed=seed, timeout=timeout)
 
     def _make(self, array):
         if not self.hierarchical:
             return super()._make(array)
-        return self._every(self._hierarchical(array, Gossip, mode="push", seed=self.seed))
+        return self._every(self._hierarchical(array, Gossip, mode="push", seed=self.seed, **self._wire()))
+
+    def _wire(self):
+        return {} if self.wire is None else {"wire": self.wire}

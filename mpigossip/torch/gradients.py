@@ -50,7 +50,8 @@ class GradientAllReduce(AllReduce):
 
     name = "allreduce"
 
-    def __init__(self, model, *, comm, bucket_mb=25, timeout=None):
+    def __init__(self, model, *, comm, bucket_mb=25, wire=None, timeout=None):
+        self.wire = wire
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
@@ -80,7 +81,8 @@ class GradientAllReduce(AllReduce):
                 # Every bucket on the wrapper's private communicator (not a duplicate each: a
                 # 1B-parameter model has ~160 buckets, and context ids are finite); so buckets
                 # start in one order on every rank.
-                averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout, dup=False)
+                averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout, dup=False,
+                                             wire=self.wire)
                 bucket = _Bucket(averager, view, [q for q, _ in group], last=lo == 0)
                 self.buckets.append(bucket)
                 for q, start in group:

@@ -29,7 +29,8 @@ class SGP(_Wrapper):
     overlap = False
 
     def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], hierarchical=False,
-                 node_size=None, timeout=None):
+                 node_size=None, wire=None, timeout=None):
+        self.wire = wire
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
         self.hierarchical, self.node_size = bool(hierarchical), node_size
         if self.hierarchical and self.overlap:
@@ -39,14 +40,15 @@ class SGP(_Wrapper):
 
     def _make(self, array):
         if self.hierarchical:  # the numerator lives in the node's shared window (host groups)
-            h = self._hierarchical(array.copy(), PushSum, rehome=False, topology=self.topology)
+            h = self._hierarchical(array.copy(), PushSum, rehome=False, topology=self.topology,
+                                   **({} if self.wire is None else {"wire": self.wire}))
             self.numerators.append(h.array)
             return h
         x = array.copy()
         self.numerators.append(x)
         # Synchronous: the combine writes z in the same pass. Overlap: z is written after start().
         return PushSum(x, comm=self.comm, topology=self.topology, z=None if self.overlap else array,
-                       max_delay=self.max_delay, timeout=self.timeout)
+                       max_delay=self.max_delay, timeout=self.timeout, wire=self.wire)
 
     def _apply_update(self):
         for ps, z in zip(self.comms, self.flat.arrays):
@@ -89,9 +91,9 @@ class OSGP(SGP):
     overlap = True
 
     def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"],
-                 max_delay=OPTION_DEFAULTS["max_delay"], timeout=None):
+                 max_delay=OPTION_DEFAULTS["max_delay"], wire=None, timeout=None):
         self.max_delay = max_delay
-        super().__init__(model, comm=comm, topology=topology, peers=peers, timeout=timeout)
+        super().__init__(model, comm=comm, topology=topology, peers=peers, wire=wire, timeout=timeout)
 
     def _step(self):
         self._apply_update()

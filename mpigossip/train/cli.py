@@ -9,7 +9,8 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL, OPTION_DEFAULTS, OUTER, OUTER_BASES
+from .._registry import (ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL, OPTION_DEFAULTS, OUTER, OUTER_BASES, WIRE,
+                         WIRE_FORMATS)
 
 DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
             "batch_size": 32, "steps": 300}
@@ -91,6 +92,9 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--warmup-steps", type=int, default=0,
                         help="localsgd/slowmo/diloco: average every step for the first N steps (post-local SGD) "
                         "(default: 0)")
+    parser.add_argument("--wire", default=None, choices=WIRE_FORMATS,
+                        help="send the model compressed: bf16, fp16 or int8 with a scale per 512 values; "
+                        + ", ".join(WIRE) + " (default: the model's dtype)")
     parser.add_argument("--seed", type=int, default=OPTION_DEFAULTS["seed"], help="seed of the initialisation, the batches and the gossip targets; not of the data (--data-seed) (default: 0)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu, or cuda (GPU bound by local rank) (default: cpu)")
@@ -159,6 +163,11 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError("--checkpoint-every needs --out")
     for spec in args.straggler:
         parse_straggler(spec, size)
+    if args.wire is not None:
+        unsupported = [a for a in algorithms if (args.base if a in OUTER else a) not in WIRE]
+        if unsupported:
+            raise UsageError(f"--wire: {', '.join(unsupported)} cannot send compressed messages; "
+                             f"choose from {', '.join(WIRE)} (or an outer optimizer over one)")
     if args.hierarchical:
         unsupported = [a for a in algorithms if a not in HIERARCHICAL]
         if unsupported:

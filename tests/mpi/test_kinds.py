@@ -158,3 +158,42 @@ def test_gossip_on_every_kind(kind, stage, mode):
     assert 1.0 <= got[0] <= c.size
     values = c.allgather(float(got[0]))
     assert max(values) - min(values) < c.size - 1, f"no mixing: {values}"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KINDS)
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_wire_formats_on_every_kind(kind, stage, fmt):
+    """Compressed PushSum (sync in many chunks, then overlap) and AllReduce on each kind of
+    buffer against the same on numpy buffers: the mass stays exact, the values agree (to the
+    last bits: a GPU may fuse a multiply-add where numpy rounds twice), every rank ends
+    AllReduce with the same bytes."""
+    c = comm()
+    host = integer_data() / 7.0
+    x, ref = make(kind, host), host.copy()
+    total = global_sum(c, host)
+    topo = T.ExponentialGraph(peers=1)
+    ps = mg.PushSum(x, comm=c, topology=topo, stage=stage, chunk_bytes=4096, wire=fmt)
+    plain = mg.PushSum(ref, comm=c, topology=topo, chunk_bytes=4096, wire=fmt)
+    for _ in range(6):
+        ps.step()
+        plain.step()
+    np.testing.assert_allclose(to_host(x), ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(global_sum(c, to_host(x)), total, rtol=1e-12, atol=1e-9)
+    ps.free()
+    plain.free()
+    ps = mg.PushSum(x, comm=c, topology=topo, stage=stage, max_delay=1, wire=fmt)
+    for _ in range(4):
+        ps.start()
+        ps.finish()
+    ps.drain()
+    np.testing.assert_allclose(global_sum(c, to_host(x)), total, rtol=1e-12, atol=1e-9)
+    ps.free()
+    y, yref = make(kind, host), host.copy()
+    with mg.AllreduceAverager(y, comm=c, stage=stage, wire=fmt) as avg, \
+            mg.AllreduceAverager(yref, comm=c, wire=fmt) as plain:
+        avg.average()
+        plain.average()
+    got = to_host(y)
+    assert all(np.array_equal(got, other) for other in c.allgather(got))
+    np.testing.assert_allclose(got, yref, rtol=1e-6, atol=1e-6)

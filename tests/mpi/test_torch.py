@@ -7,6 +7,7 @@ torch = pytest.importorskip("torch")
 
 import mpigossip as mg  # noqa: E402
 import mpigossip.torch as mgt  # noqa: E402
+from mpigossip._registry import WIRE  # noqa: E402
 
 from .helpers import comm, global_sum  # noqa: E402
 
@@ -62,13 +63,17 @@ UNSYNCHRONISED = ("easgd", "asgd", "adpsgd", "gossip-pull", "agp")
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("name", list(mgt.ALGORITHMS) + [f"{a} hierarchical" for a in mgt.HIERARCHICAL])
+@pytest.mark.parametrize("name", list(mgt.ALGORITHMS) + [f"{a} hierarchical" for a in mgt.HIERARCHICAL]
+                         + [f"{a} wire" for a in WIRE])
 def test_every_wrapper_keeps_views_and_drives_consensus(name):
     c = comm()
-    name, _, hierarchical = name.partition(" ")
+    name, _, variant = name.partition(" ")
+    hierarchical = variant == "hierarchical"
     torch.manual_seed(c.rank)  # different initial models: the wrapper broadcasts rank 0's
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     options = {"tau": 1, "beta": 0.5, "max_delay": 1, "inner_steps": 3}  # outer optimizers: 10 outer steps
+    if variant == "wire":
+        options["wire"] = "int8"  # the coarsest format: every rank still ends AllReduce with the same bytes
     if hierarchical:
         from .test_hierarchical import shared_size
         options.update(hierarchical=True, node_size=2 if shared_size(c) % 2 == 0 else 1)

@@ -1,0 +1,111 @@
+"""AllReduce's mean in a compressed wire format, without an MPI datatype for it.
+
+Reduce-scatter, then allgather, both over ``Isend``/``Irecv`` (each rank sends ``2 (P - 1) /
+P`` of the buffer's wire bytes, as a ring allreduce does):
+
+1. every rank encodes ``x / P`` (pre-scaled, so no sum of P values can overflow the format
+   or the buffer's precision) and sends shard ``j`` to rank ``j``;
+2. rank ``r`` adds the ``P - 1`` copies of its shard it received to its own ``x_r / P`` in
+   one decoding pass, in the buffer's precision: the mean of shard ``r``;
+3. it encodes that mean, sends it to every other rank and sets its own shard to the decoded
+   value, so that every rank ends with identical bytes; the others decode it into place.
+
+Used by :class:`mpigossip.AllreduceAverager` when ``wire`` is set.
+"""
+
+from . import buffers
+from . import wire as wire_mod
+
+_TAG_REDUCE, _TAG_GATHER = 1, 2
+
+
+class WireAllreduce:
+    """The buffers and requests of a compressed mean (owned by one AllreduceAverager).
+
+    Args:
+        owner: the averager (its ``comm``, ``buffer``, ``_wait``).
+        fmt: the wire format.
+        stage, cuda_aware: as for :class:`mpigossip.buffers.Transport`.
+    """
+
+    def __init__(self, owner, fmt, *, stage=None, cuda_aware=None):
+        self.owner = owner
+        buf = owner.buffer
+        self.code = code = wire_mod.Wire(fmt, buf.dtype)
+        p, n = owner.size, buf.size
+        per = -(-n // p)
+        shard = -(-per // code.align) * code.align  # n / P rounded up to whole int8 blocks: covers n
+        self.bounds = [(min(n, r * shard), min(n, (r + 1) * shard)) for r in range(p)]
+        self.slot = code.nbytes(shard)  # bytes of one received shard
+        self._send = buffers.Transport(buffers.raw(buf, code.nbytes(n)), stage=stage, cuda_aware=cuda_aware)
+        self._recv = buffers.Transport(buffers.raw(buf, self.slot * p), stage=stage, cuda_aware=cuda_aware)
+        self._requests = None
+
+    def _wire(self, r):
+        """Byte range of shard ``r`` in the send buffer."""
+        lo, hi = self.bounds[r]
+        at = self.code.offset(lo)
+        return at, at + self.code.nbytes(hi - lo)
+
+    def _post(self, tag, sources, send_shards, dests):
+        """Irecv shard data from ``sources`` into their slots; Isend ``send_shards[i]`` to ``dests[i]``."""
+        comm, me = self.owner.comm, self.owner.rank
+        requests, peers = [], []
+        for src in sources:
+            lo, hi = self.bounds[me if tag == _TAG_REDUCE else src]
+            at = src * self.slot
+            requests.append(comm.Irecv(self._recv.part(at, at + self.code.nbytes(hi - lo)), source=src, tag=tag))
+            peers.append(src)
+        for shard, dst in zip(send_shards, dests):
+            requests.append(comm.Isend(self._send.part(*self._wire(shard)), dest=dst, tag=tag))
+            peers.append(dst)
+        return requests, peers
+
+    def start(self):
+        """Encode ``x / P`` and post the reduce-scatter."""
+        buf, code = self.owner.buffer, self.code
+        p, me = self.owner.size, self.owner.rank
+        buf.synchronize()  # the user's writes to x, and no device work still reads our buffers
+        x, send = buf.array, self._send.buffer.array
+        for r, (lo, hi) in enumerate(self.bounds):
+            if r != me and hi > lo:
+                at, end = self._wire(r)
+                code.encode(x[lo:hi], send[at:end], scale=1.0 / p)
+        self._send.before_send()
+        others = [r for r in range(p) if r != me and self.bounds[me][1] > self.bounds[me][0]]
+        dests = [r for r in range(p) if r != me and self.bounds[r][1] > self.bounds[r][0]]
+        self._requests = self._post(_TAG_REDUCE, others, dests, dests)
+
+    def test(self):
+        from mpi4py import MPI
+        return MPI.Request.Testall(self._requests[0])
+
+    def finish(self):
+        """Complete the reduce-scatter, average our shard, allgather every shard."""
+        owner, buf, code = self.owner, self.owner.buffer, self.code
+        p, me = owner.size, owner.rank
+        requests, peers = self._requests
+        self._requests = None
+        owner._wait(requests, "finish (reduce-scatter)", peer=lambda pending: sorted({peers[i] for i in pending}))
+        self._recv.after_recv()
+        x, recv, send = buf.array, self._recv.buffer.array, self._send.buffer.array
+        lo, hi = self.bounds[me]
+        others = [r for r in range(p) if r != me]
+        if hi > lo:
+            size = code.nbytes(hi - lo)
+            parts = [recv[r * self.slot:r * self.slot + size] for r in others]
+            code.decode_sum(x[lo:hi], x[lo:hi], 1.0 / p, parts, [1.0] * len(parts))
+            at, end = self._wire(me)
+            code.encode(x[lo:hi], send[at:end])
+            code.decode(send[at:end], x[lo:hi])  # ours as every other rank will have it
+            buf.synchronize()  # the encode has written the bytes MPI reads
+            self._send.before_send()
+        sources = [r for r in others if self.bounds[r][1] > self.bounds[r][0]]
+        dests = others if hi > lo else []
+        requests, peers = self._post(_TAG_GATHER, sources, [me] * len(dests), dests)
+        owner._wait(requests, "finish (allgather)", peer=lambda pending: sorted({peers[i] for i in pending}))
+        self._recv.after_recv()
+        for r in sources:
+            rlo, rhi = self.bounds[r]
+            code.decode(recv[r * self.slot:r * self.slot + code.nbytes(rhi - rlo)], x[rlo:rhi])
+        buf.release()

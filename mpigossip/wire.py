@@ -1,0 +1,256 @@
+"""Wire formats: how a communicator packs a buffer's values into fewer bytes, and unpacks them.
+
+A communicator that sends the model takes ``wire=`` (the same keyword everywhere):
+
+* ``None`` (default): the buffer's own dtype, sent zero-copy;
+* ``"bf16"``: the top 16 bits of each value as float32, rounded to nearest even (float32's
+  range, 8 bits of mantissa): half the bytes of float32;
+* ``"fp16"``: IEEE half precision (11 bits of mantissa, a narrow range): finite values beyond
+  +-65504 saturate there (NaN and inf pass as they are);
+* ``"int8"``: one int8 per value and one float32 scale (``max |x| / 127``) per
+  :data:`INT8_BLOCK` values: a little over a quarter of float32's bytes.
+
+:class:`Wire` is the arithmetic, fused as the communicators need it (one pass each, on the
+CPU block by block in cache, on the GPU one kernel): :meth:`Wire.encode` writes the wire
+bytes of a chunk and can keep the rounding error in the sender's buffer (``x -= keep *
+decoded``, so that PushSum's mass is exact), :meth:`Wire.decode_sum` adds received wire
+bytes into the buffer in its own precision. A chunk's bytes: bf16/fp16 ``2 n``; int8 the
+``ceil(n / INT8_BLOCK)`` scales, then the ``n`` values.
+"""
+
+import numpy as np
+
+from . import kernels
+from ._registry import WIRE_FORMATS as FORMATS
+#: Values per int8 scale.
+INT8_BLOCK = 512
+_CODES = {"bf16": 0, "fp16": 1, "int8": 2}
+_FP16_MAX = 65504.0
+
+
+def check_wire(wire, dtype=None):
+    """``wire`` itself if valid (``None`` or one of :data:`FORMATS`), else ``ValueError``.
+    A 16-bit format on a float16 buffer saves nothing; it is refused as a likely mistake."""
+    if wire is None:
+        return None
+    if wire not in FORMATS:
+        raise ValueError(f"wire must be None (the buffer's dtype) or one of {FORMATS}, got {wire!r}")
+    if dtype is not None and np.dtype(dtype).itemsize <= 2 and wire != "int8":
+        raise ValueError(f"wire={wire!r} on a {np.dtype(dtype)} buffer sends as many bytes; use wire=None or 'int8'")
+    return wire
+
+
+def _blocks(n, step=kernels.CPU_BLOCK):
+    for lo in range(0, n, step):
+        yield lo, min(n, lo + step)
+
+
+class Wire:
+    """One wire format for buffers of one dtype.
+
+    Args:
+        fmt: one of :data:`FORMATS`.
+        dtype: the buffer's dtype (float16, float32 or float64).
+    """
+
+    def __init__(self, fmt, dtype):
+        self.format = check_wire(fmt, dtype)
+        if self.format is None:
+            raise ValueError("Wire needs a format; wire=None sends the buffer itself")
+        self.dtype = np.dtype(dtype)
+        #: Chunk boundaries (in elements) must be multiples of this.
+        self.align = INT8_BLOCK if fmt == "int8" else 8
+
+    def nbytes(self, n):
+        """Bytes on the wire for a chunk of ``n`` values."""
+        if self.format == "int8":
+            return n + 4 * -(-n // INT8_BLOCK)
+        return 2 * n
+
+    def offset(self, lo):
+        """Byte offset of the chunk starting at element ``lo`` (a multiple of :attr:`align`)
+        in the wire bytes of the whole buffer."""
+        if lo % self.align:
+            raise ValueError(f"chunk start {lo} is not a multiple of {self.align}")
+        return self.nbytes(lo)
+
+    def chunk(self, chunk):
+        """``chunk`` (elements) rounded down to a multiple of :attr:`align` (at least one)."""
+        return max(self.align, chunk // self.align * self.align)
+
+    # ------------------------------------------------------------------ encode
+    def encode(self, x, wire, *, keep=0.0, scale=1.0):
+        """Write the wire bytes of ``scale * x`` into ``wire`` (``self.nbytes(x.size)`` uint8);
+        if ``keep``, also ``x -= keep * decoded`` in the same pass (the error stays in ``x``;
+        only with ``scale=1``)."""
+        if keep and scale != 1.0:
+            raise ValueError("encode: keep needs scale=1")
+        n = x.size
+        if wire.size != self.nbytes(n) or wire.dtype != np.uint8:
+            raise ValueError(f"wire buffer of {wire.size} {wire.dtype} for {n} values; need {self.nbytes(n)} uint8")
+        if x.dtype != self.dtype:
+            raise ValueError(f"encode: {x.dtype} buffer for a {self.dtype} wire")
+        if not isinstance(x, np.ndarray):
+            self._launch_encode(x, wire, keep, scale)
+        elif self.format == "int8":
+            self._encode_int8(x, wire, keep, scale)
+        else:
+            self._encode16(x, wire, keep, scale)
+        return wire
+
+    def _encode16(self, x, wire, keep, scale):
+        words = wire.view(np.uint16)
+        as32 = x.dtype == np.float32
+        for lo, hi in _blocks(x.size):
+            xb, qb = x[lo:hi], words[lo:hi]
+            f = xb if as32 and scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
+            if self.format == "bf16":
+                u = f.view(np.uint32)
+                t = np.right_shift(u, 16)
+                np.bitwise_and(t, 1, out=t)
+                np.add(t, 0x7FFF, out=t)
+                np.add(t, u, out=t)
+                np.right_shift(t, 16, out=t)
+                nan = np.isnan(f)
+                if nan.any():
+                    t[nan] = 0x7FC0
+                np.copyto(qb, t, casting="unsafe")
+                if keep:
+                    np.left_shift(t, 16, out=t)
+                    d = t.view(np.float32)
+            else:
+                h = qb.view(np.float16)
+                c = np.clip(f, -_FP16_MAX, _FP16_MAX)
+                inf = np.isinf(f)
+                if inf.any():
+                    c[inf] = f[inf]  # only finite values saturate: an inf stays visible
+                np.copyto(h, c, casting="unsafe")
+                if keep:
+                    d = h
+            if keep:
+                self._subtract(xb, d, keep)
+
+    def _encode_int8(self, x, wire, keep, scale):
+        n = x.size
+        nb = -(-n // INT8_BLOCK)
+        scales = wire[:4 * nb].view(np.float32)
+        q = wire[4 * nb:].view(np.int8)
+        for lo, hi in _blocks(n):  # CPU_BLOCK is a multiple of INT8_BLOCK
+            xb = x[lo:hi]
+            m = hi - lo
+            full = m // INT8_BLOCK * INT8_BLOCK
+            f = xb.astype(np.float32) if scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
+            sb = scales[lo // INT8_BLOCK:-(-hi // INT8_BLOCK)]
+            amax = np.empty(sb.size, dtype=np.float32)
+            if full:
+                np.max(np.abs(f[:full]).reshape(-1, INT8_BLOCK), axis=1, out=amax[:full // INT8_BLOCK])
+            if full < m:
+                amax[-1] = np.max(np.abs(f[full:]))
+            np.divide(amax, 127.0, out=sb)
+            inv = np.divide(127.0, amax, out=np.zeros_like(amax), where=amax > 0)
+            per = np.repeat(inv, INT8_BLOCK)[:m]
+            np.multiply(f, per, out=f)
+            np.rint(f, out=f)
+            np.clip(f, -127.0, 127.0, out=f)
+            np.copyto(q[lo:hi], f, casting="unsafe")
+            if keep:
+                np.multiply(f, np.repeat(sb, INT8_BLOCK)[:m], out=f)
+                self._subtract(xb, f, keep)
+
+    @staticmethod
+    def _subtract(xb, d, keep):
+        if keep != 1.0:
+            d = np.multiply(d, keep, dtype=xb.dtype)
+        np.subtract(xb, d, out=xb, casting="unsafe")
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, wire, out):
+        """``out = decoded wire`` (a convenience for tests and gathers)."""
+        return self.decode_sum(out, out, 0.0, [wire], [1.0])
+
+    def decode_sum(self, out, x, self_weight, wires=(), weights=(), *, z=None, w=1.0):
+        """``out = self_weight * x + sum_j weights[j] * decode(wires[j])`` in ``x``'s own
+        precision; with ``z``, also ``z = out / w``. ``out`` may be ``x``."""
+        wires, weights = list(wires), [float(v) for v in weights]
+        if len(wires) != len(weights):
+            raise ValueError(f"{len(wires)} wire buffers but {len(weights)} weights")
+        n = x.size
+        for r in wires:
+            if r.size != self.nbytes(n):
+                raise ValueError(f"wire buffer of {r.size} bytes for {n} values; need {self.nbytes(n)}")
+        if not isinstance(x, np.ndarray):
+            return self._launch_decode(out, x, self_weight, wires, weights, z, w)
+        for lo, hi in _blocks(n):
+            ob = out[lo:hi]
+            if self_weight == 0.0:
+                ob[...] = 0  # (x may hold NaN or garbage: 0 * x would keep it)
+            else:
+                np.multiply(x[lo:hi], self_weight, out=ob)
+            for r, wt in zip(wires, weights):
+                d = self._decode_block(r, n, lo, hi)
+                if x.dtype == np.float64:  # weights applied in the buffer's precision, as the sender's
+                    d = d.astype(np.float64)
+                if wt != 1.0:
+                    np.multiply(d, wt, out=d)
+                np.add(ob, d, out=ob, casting="unsafe")
+            if z is not None:
+                np.divide(ob, w, out=z[lo:hi])
+        return out
+
+    def _decode_block(self, wire, n, lo, hi):
+        """Values ``[lo, hi)`` of a chunk of ``n`` as a new float32 array."""
+        if self.format == "bf16":
+            t = wire.view(np.uint16)[lo:hi].astype(np.uint32)
+            np.left_shift(t, 16, out=t)
+            return t.view(np.float32)
+        if self.format == "fp16":
+            return wire.view(np.float16)[lo:hi].astype(np.float32)
+        nb = -(-n // INT8_BLOCK)
+        scales = wire[:4 * nb].view(np.float32)[lo // INT8_BLOCK:-(-hi // INT8_BLOCK)]
+        d = wire[4 * nb + lo:4 * nb + hi].view(np.int8).astype(np.float32)
+        np.multiply(d, np.repeat(scales, INT8_BLOCK)[:hi - lo], out=d)
+        return d
+
+    # ------------------------------------------------------------------ GPU
+    def _launch_encode(self, x, wire, keep, scale):
+        import cupy
+        n = x.size
+        t = kernels.cuda_type(x.dtype)
+        if self.format == "int8":
+            name, blocks = f"encode_int8<{t}>", min(-(-n // INT8_BLOCK), kernels.MAX_GRID)
+        else:
+            name, blocks = f"encode16<{t}, {_CODES[self.format]}>", kernels.grid(n)
+        with cupy.cuda.Device(x.device.id):
+            kernels.function(x.device.id, name)((blocks,), (256,), (x, wire, np.float64(keep), np.float64(scale),
+                                                                     np.int64(n)))
+
+    def _launch_decode(self, out, x, self_weight, wires, weights, z, w):
+        import cupy
+        n = x.size
+        t = kernels.cuda_type(x.dtype)
+        k = kernels.MAX_DIRECT_RECVS
+        groups = [(wires[i:i + k], weights[i:i + k]) for i in range(0, len(wires), k)] or [([], [])]
+        with cupy.cuda.Device(x.device.id):
+            for g, (rs, ws) in enumerate(groups):
+                last = g == len(groups) - 1
+                pad = k - len(rs)
+                args = ((out, x if g == 0 else out, np.float64(self_weight if g == 0 else 1.0))
+                        + tuple(np.uint64(r.data.ptr) for r in rs) + (np.uint64(0),) * pad
+                        + tuple(np.float64(v) for v in ws) + (np.float64(0.0),) * pad
+                        + ((z if z is not None else out), np.int32(last and z is not None), np.float64(w),
+                           np.int64(n)))
+                name = f"decode_sum<{t}, {_CODES[self.format]}, {len(rs)}>"
+                kernels.function(x.device.id, name)((kernels.grid(n),), (256,), args)
+        return out
+
+    def __repr__(self):
+        return f"<Wire {self.format} for {self.dtype}>"
+
+
+def kernel_expressions():
+    """Every wire kernel instantiation the GPU path can launch (the tests compile them all)."""
+    out = []
+    for t in ("__half", "float", "double"):
+        out += [f"encode16<{t}, 0>", f"encode16<{t}, 1>", f"encode_int8<{t}>"]
+        out += [f"decode_sum<{t}, {f}, {k}>" for f in range(3) for k in range(kernels.MAX_DIRECT_RECVS + 1)]
+    return out

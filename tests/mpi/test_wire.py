@@ -1,0 +1,158 @@
+"""Compressed messages (wire=) on every communicator that sends the model: PushSum's mass
+and D-PSGD's mean stay exact (the sender keeps its rounding error), AllReduce in a 16-bit or
+int8 format ends identical on every rank with no inf/NaN near the format's limits, and bad
+or mismatched formats raise the same error on every rank."""
+
+import numpy as np
+import pytest
+
+import mpigossip as mg
+from mpigossip import topology as T
+from mpigossip.wire import FORMATS, INT8_BLOCK
+
+from .helpers import comm, global_sum, same_on_all_ranks
+from .test_mixing import dyadic_fn
+
+# Relative drift of Σx that rounding in float64 can explain; a format's own rounding
+# (2^-8 for bf16, 2^-7 for int8) left uncorrected would be 1e5 times larger.
+EXACT = 1e-11
+
+
+def data(c, n=3 * INT8_BLOCK + 77, dtype=np.float64):
+    rng = np.random.default_rng(100 + c.rank)
+    return (rng.standard_normal(n) * 10 + c.rank).astype(dtype)
+
+
+def assert_mass(c, x, total, scale):
+    drift = np.abs(global_sum(c, x) - total).max()
+    assert drift <= EXACT * scale, f"sum x drifted by {drift:.3g} (scale {scale:.3g})"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("topology", ["exponential", "dyadic", "staged"])
+def test_pushsum_step_keeps_the_mass_exact_under_compression(fmt, topology):
+    c = comm()
+    x = data(c)
+    total, scale = global_sum(c, x), float(c.allreduce(np.abs(x).sum()))
+    mean = total / c.size
+    topo = T.CallableGraph(dyadic_fn(c.size), period=2) if topology == "dyadic" else T.ExponentialGraph(peers=1)
+    ps = mg.PushSum(x, comm=c, topology=topo, wire=fmt, chunk_bytes=8 * INT8_BLOCK,
+                    stage=True if topology == "staged" else None)
+    for _ in range(30):
+        ps.step()
+        assert_mass(c, x, total, scale)
+        assert abs(c.allreduce(ps.weight) - c.size) < 1e-12
+    tol = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -10, "int8": 2.0 ** -6}[fmt] * np.abs(mean).max()
+    np.testing.assert_allclose(ps.debiased(), mean, rtol=0, atol=tol)
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("max_delay", [0, 1])
+def test_overlap_keeps_the_mass_exact_under_compression(fmt, max_delay):
+    c = comm()
+    x = data(c, dtype=np.float64)
+    total, scale = global_sum(c, x), float(c.allreduce(np.abs(x).sum()))
+    ps = mg.PushSum(x, comm=c, topology=T.CallableGraph(dyadic_fn(c.size), period=2), max_delay=max_delay,
+                    wire=fmt)
+    for k in range(12):
+        x += c.rank + k
+        total += sum(r + k for r in range(c.size))
+        ps.start()
+        ps.finish()
+    ps.drain()
+    assert_mass(c, x, total, scale + 12 * c.size * x.size * c.size)
+    assert abs(c.allreduce(ps.weight) - c.size) < 1e-12
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dpsgd_keeps_the_mean_exact_and_float32_stays_close(fmt):
+    c = comm()
+    x = data(c)
+    total, scale = global_sum(c, x), float(c.allreduce(np.abs(x).sum()))
+    d = mg.DPSGD(x, comm=c, wire=fmt, chunk_bytes=4 * INT8_BLOCK)
+    for _ in range(10):
+        d.step()
+        assert_mass(c, x, total, scale)
+    d.free()
+    y = data(c, dtype=np.float32)
+    ref = data(c, dtype=np.float32)
+    a, b = mg.DPSGD(y, comm=c, wire=fmt), mg.DPSGD(ref, comm=c)
+    for _ in range(3):
+        a.step()
+        b.step()
+    np.testing.assert_allclose(y, ref, rtol=0, atol=0.05 * np.abs(ref).max())
+    a.free()
+    b.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [5, 2 * INT8_BLOCK + 3, 40000])
+def test_allreduce_in_a_wire_format_is_identical_everywhere_and_close(fmt, n):
+    c = comm()
+    x = data(c, n, np.float32)
+    mean = (global_sum(c, x) / c.size).astype(np.float32)
+    av = mg.AllreduceAverager(x, comm=c, wire=fmt)
+    av.average()
+    assert same_on_all_ranks(c, x.tobytes()), "ranks disagree after a compressed mean"
+    tol = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -9, "int8": 2.0 ** -5}[fmt] * np.abs(mean).max()
+    np.testing.assert_allclose(x, mean, rtol=0, atol=tol)
+    x[:] = data(c, n, np.float32)
+    av.start()
+    av.test()
+    av.finish()  # the overlapped form gives the same bytes
+    y = data(c, n, np.float32)
+    mg.AllreduceAverager(y, comm=c, wire=fmt).average()
+    assert np.array_equal(x, y)
+    av.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fmt, big", [("fp16", 6.0e4), ("bf16", 3.0e38), ("int8", 3.0e38)])
+def test_allreduce_near_the_format_limits_has_no_inf_or_nan(fmt, big):
+    """Every rank holds values near the format's largest: a sum before scaling would overflow."""
+    c = comm()
+    x = np.full(3 * INT8_BLOCK, big, np.float32)
+    x[1::2] = -big * 0.5
+    x[INT8_BLOCK:2 * INT8_BLOCK] = 0.0  # an all-zero int8 block
+    expect = x.copy()
+    mg.AllreduceAverager(x, comm=c, wire=fmt).average()
+    assert np.all(np.isfinite(x))
+    np.testing.assert_allclose(x, expect, rtol=2.0 ** -6)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gossip_push_in_a_wire_format_follows_the_plain_one(fmt):
+    c = comm()
+    x, ref = data(c, dtype=np.float32), data(c, dtype=np.float32)
+    a = mg.Gossip(x, comm=c, mode="push", seed=3, wire=fmt)
+    b = mg.Gossip(ref, comm=c, mode="push", seed=3)
+    for _ in range(6):
+        a.step()
+        b.step()
+    np.testing.assert_allclose(x, ref, rtol=0, atol=0.03 * np.abs(ref).max())
+    assert c.allreduce(int(not np.array_equal(x, ref))), "the wire format changed nothing on any rank"
+    a.free()
+    b.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_and_mismatched_wire_formats_raise_everywhere():
+    c = comm()
+    cases = [
+        (lambda: mg.PushSum(np.zeros(8), comm=c, wire="bf17"), "one of"),
+        (lambda: mg.DPSGD(np.zeros(8), comm=c, wire="bf16" if c.rank == 0 else None), "wire differs"),
+        (lambda: mg.AllreduceAverager(np.zeros(8, np.float16), comm=c, wire="fp16"), "as many bytes"),
+        (lambda: mg.Gossip(np.zeros(8), comm=c, mode="pull", wire="bf16"), "mode='push'"),
+        (lambda: mg.PushSum(np.zeros(8), comm=c, max_delay=None, wire="bf16"), "max_delay"),
+    ]
+    for make, match in cases:
+        with pytest.raises(ValueError, match=match) as err:
+            make()
+        assert same_on_all_ranks(c, str(err.value))
