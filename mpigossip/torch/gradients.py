@@ -45,18 +45,20 @@ class GradientAllReduce(AllReduce):
         model: the torch module.
         comm: communicator (keyword-only).
         bucket_mb: bucket size in MB (25, as DDP's default).
+        wire: ``None`` or a compressed format of :mod:`mpigossip.wire` for the gradients
+            (DDP's ``fp16_compress_hook`` / ``bf16_compress_hook``, and int8); the
+            BatchNorm statistics stay exact.
         timeout: seconds any wait may take.
     """
 
     name = "allreduce"
 
     def __init__(self, model, *, comm, bucket_mb=25, wire=None, timeout=None):
-        self.wire = wire
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.grad_views, self.buckets, self._where = [], [], {}
-        super().__init__(model, comm=comm, timeout=timeout)
+        super().__init__(model, comm=comm, wire=wire, timeout=timeout)  # (sets self.wire first)
         self._next = 0  # the next bucket to start: in list order on every rank
         self._pending = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._where]

@@ -78,6 +78,9 @@ def test_every_wrapper_keeps_views_and_drives_consensus(name):
         from .test_hierarchical import shared_size
         options.update(hierarchical=True, node_size=2 if shared_size(c) % 2 == 0 else 1)
     algo = mgt.make(name, model, comm=c, **{k: v for k, v in options.items() if k in mgt.OPTIONS[name]})
+    if variant == "wire":  # every communicator that sends the model got the format
+        comms = [b.averager for b in algo.buckets] if name == "allreduce" else algo.comms
+        assert comms and all("wire=int8" in repr(x) for x in comms), comms
     first = [p.detach().clone() for p in model.parameters()]
     same = c.allgather(torch.cat([f.ravel() for f in first]).numpy())
     assert all(np.array_equal(same[0], s) for s in same)

@@ -1,0 +1,158 @@
+"""Outer optimizers and compressed messages, trained side by side on the emulated cluster.
+
+    python benchmarks/bench_outer.py [--rates 1gbit 100mbit] [--seeds 0 1 2] [--steps 600]
+        [--compute-ms 50] [--out benchmarks/results] [--runs DIR]
+
+As root: for each link rate, starts 4 emulated nodes (``tests/cluster/start.sh 4 RATE 1``, one
+rank each) and trains Fashion-MNIST's MLP (width 256: 0.8 MB of parameters) with every
+configuration below, seed after seed (the configurations of one seed run back to back, so
+machine noise hits all alike); every step first sleeps ``--compute-ms`` (the fixed compute
+model of the network benchmark's P4 and the reproduction's timed runs). Writes
+``OUT/outer.json`` (every run's summary and curve, the commit and versions) and
+``OUT/outer.md``: per rate and configuration, the final test accuracy (mean and range over
+seeds), training time (evaluations excluded) and its ratio to AllReduce's, the time to
+reach AllReduce's final accuracy less one point, and the bytes one rank sends per step,
+counted from the algorithm (ring-equivalent 2 (P-1)/P of the model for an AllReduce, one
+model per out-peer for SGP, per outer step for the outer methods, times the wire format's
+bytes ratio), not measured on the wire.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from mpigossip.reproduce import experiments, findings, setup  # noqa: E402
+from mpigossip.wire import INT8_BLOCK  # noqa: E402
+
+INNER = 32  # the outer methods' inner steps (OPTION_DEFAULTS)
+#: (row, algorithm, extra flags): the issue's list.
+CONFIGS = (
+    ("AllReduce", "allreduce", ()),
+    ("SGP", "sgp", ()),
+    (f"local SGD (H={INNER})", "localsgd", ()),
+    (f"DiLoCo (H={INNER})", "diloco", ()),
+    (f"SlowMo over SGP (H={INNER})", "slowmo", ("--base", "sgp")),
+    (f"gossip outer step: DiLoCo over gossip-push (H={INNER})", "diloco", ("--base", "gossip-push")),
+    ("AllReduce bf16", "allreduce", ("--wire", "bf16")),
+    ("SGP bf16", "sgp", ("--wire", "bf16")),
+    ("AllReduce int8", "allreduce", ("--wire", "int8")),
+    ("SGP int8", "sgp", ("--wire", "int8")),
+)
+RANKS = 4
+
+
+def wire_ratio(flags):
+    fmt = dict(zip(flags[::2], flags[1::2])).get("--wire")
+    return {None: 1.0, "bf16": 0.5, "fp16": 0.5, "int8": (1 + 4 / INT8_BLOCK) / 4}[fmt]
+
+
+def bytes_per_step(algorithm, flags, model_bytes, p=RANKS):
+    """Bytes one rank sends per step, from the algorithm (not measured)."""
+    base = dict(zip(flags[::2], flags[1::2])).get("--base", "allreduce-params")
+    ring = 2 * (p - 1) / p
+    if algorithm in ("allreduce", "allreduce-params"):
+        per = ring
+    elif algorithm in ("sgp", "gossip-push"):
+        per = 1.0
+    else:  # an outer method: its base's exchange every INNER steps
+        per = (ring if base == "allreduce-params" else 1.0) / INNER
+    return per * model_bytes * wire_ratio(flags)
+
+
+def groups():
+    """Configurations that share flags, so that one ``compare`` launch runs them."""
+    out = {}
+    for row, algorithm, flags in CONFIGS:
+        out.setdefault(flags, []).append((row, algorithm))
+    return list(out.items())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--compute-ms", type=float, default=50.0)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--evals", type=int, default=8)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--runs", default=None, help="where the runs go (default: a temporary folder)")
+    args = parser.parse_args()
+    runs = args.runs or tempfile.mkdtemp(prefix="bench-outer-")
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(runs, exist_ok=True)
+    mpiexec = [os.path.join(ROOT, "tests/cluster/mpiexec"), "--map-by", "node"]
+    records = []
+    log = open(os.path.join(runs, "launches.log"), "a")
+    try:
+        for rate in args.rates:
+            subprocess.run(["bash", os.path.join(ROOT, "tests/cluster/start.sh"), str(RANKS), rate, "1"], check=True)
+            launcher = experiments.Launcher(mpiexec, log, timeout=1800)
+            for seed in args.seeds:
+                for g, (flags, members) in enumerate(groups()):
+                    out = os.path.join(runs, rate, f"seed{seed}", f"group{g}")
+                    print(f"{rate}, seed {seed}: {', '.join(r for r, _ in members)}", flush=True)
+                    extra = experiments.FASHION + ("--width", "256", "--seed", str(seed),
+                                                   "--compute-ms", f"{args.compute_ms:g}") + tuple(flags)
+                    summaries = launcher.compare(RANKS, out, [a for _, a in members], (args.lr,), args.steps,
+                                                 extra=extra, evals=args.evals)
+                    for row, algorithm in members:
+                        s = next(s for s in summaries if s["algorithm"] == algorithm)
+                        records.append({"rate": rate, "seed": seed, "row": row, "flags": list(flags),
+                                        **experiments._record(s), "curve": experiments.load_curve(
+                                            experiments.run_dir(out, algorithm, s["lr"]))})
+    finally:
+        subprocess.run(["bash", os.path.join(ROOT, "tests/cluster/stop.sh")])
+        log.close()
+    meta = {"commit": setup.commit(), "versions": setup.versions(),
+            "command": " ".join(sys.argv), "ranks": RANKS, "steps": args.steps, "compute_ms": args.compute_ms,
+            "lr": args.lr, "inner_steps": INNER, "machine": setup.machine()}
+    with open(os.path.join(args.out, "outer.json"), "w") as f:
+        json.dump({"meta": meta, "runs": records}, f, indent=1)
+    with open(os.path.join(args.out, "outer.md"), "w") as f:
+        f.write(table(meta, records))
+    print(table(meta, records))
+
+
+def table(meta, records):
+    import numpy as np
+    model_bytes = 4 * (784 * 256 + 256 + 256 * 10 + 10)
+    lines = [f"Fashion-MNIST, MLP width 256 ({model_bytes / 1e6:.2f} MB), {meta['ranks']} ranks on 4 emulated nodes "
+             f"(one each), {meta['steps']} steps, lr {meta['lr']:g} (SGD, momentum 0.9), every step sleeps "
+             f"{meta['compute_ms']:g} ms; `{meta['command']}` at {meta['commit']} ({meta['versions']}).",
+             "Time: training time (evaluations excluded), mean over seeds; ratio: to AllReduce's in the same "
+             "seed, median; to target: the time until the mean model first reached AllReduce's mean final "
+             "accuracy less one point (runs that reached it / seeds); bytes: sent per rank per step, counted "
+             "from the algorithm.", ""]
+    for rate in dict.fromkeys(r["rate"] for r in records):
+        at = [r for r in records if r["rate"] == rate]
+        ar = {r["seed"]: r for r in at if r["row"] == "AllReduce"}
+        target = float(np.mean([r["final_accuracy"] for r in ar.values()])) - 0.01 if ar else None
+        lines += [f"**{rate}** (target accuracy {target:.4f})" if target else f"**{rate}**", "",
+                  "| configuration | final accuracy (min-max) | time s | time / AllReduce | to target s (reached) "
+                  "| bytes/step |", "|---|---|---|---|---|---|"]
+        for row, algorithm, flags in CONFIGS:
+            rs = [r for r in at if r["row"] == row]
+            if not rs:
+                continue
+            acc = [r["final_accuracy"] for r in rs]
+            times = [r["curve"][-1]["time_s"] if r["curve"] else r["wall_time_s"] for r in rs]
+            ratios = [t / (ar[r["seed"]]["curve"][-1]["time_s"]) for r, t in zip(rs, times) if r["seed"] in ar]
+            reach = [findings.time_to_accuracy(r["curve"], target) for r in rs] if target else []
+            got = [t for t in reach if t is not None]
+            lines.append(f"| {row} | {np.mean(acc):.4f} ({min(acc):.4f}-{max(acc):.4f}) | {np.mean(times):.1f} | "
+                         f"{np.median(ratios):.2f} | {np.mean(got) if got else float('nan'):.1f} ({len(got)}/{len(rs)}) | "
+                         f"{bytes_per_step(algorithm, flags, model_bytes) / 1e6:.3f} MB |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
