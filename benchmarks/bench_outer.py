@@ -1,6 +1,6 @@
 """Outer optimizers and compressed messages, trained side by side on the emulated cluster.
 
-    python benchmarks/bench_outer.py [--rates 1gbit 100mbit] [--seeds 0 1 2] [--steps 600]
+    python benchmarks/bench_outer.py [--rates 1gbit 100mbit] [--seeds 0 1 2] [--steps 400]
         [--compute-ms 50] [--out benchmarks/results] [--runs DIR]
 
 As root: for each link rate, starts 4 emulated nodes (``tests/cluster/start.sh 4 RATE 1``, one
@@ -38,7 +38,7 @@ CONFIGS = (
     ("SGP", "sgp", ()),
     (f"local SGD (H={INNER})", "localsgd", ()),
     (f"DiLoCo (H={INNER})", "diloco", ()),
-    (f"SlowMo over SGP (H={INNER})", "slowmo", ("--base", "sgp")),
+    (f"SlowMo over SGP (H={INNER}, SGP every step)", "slowmo", ("--base", "sgp", "--inner-mixing")),
     (f"gossip outer step: DiLoCo over gossip-push (H={INNER})", "diloco", ("--base", "gossip-push")),
     ("AllReduce bf16", "allreduce", ("--wire", "bf16")),
     ("SGP bf16", "sgp", ("--wire", "bf16")),
@@ -49,14 +49,16 @@ RANKS = 4
 
 
 def wire_ratio(flags):
-    fmt = dict(zip(flags[::2], flags[1::2])).get("--wire")
+    fmt = flags[flags.index("--wire") + 1] if "--wire" in flags else None
     return {None: 1.0, "bf16": 0.5, "fp16": 0.5, "int8": (1 + 4 / INT8_BLOCK) / 4}[fmt]
 
 
 def bytes_per_step(algorithm, flags, model_bytes, p=RANKS):
     """Bytes one rank sends per step, from the algorithm (not measured)."""
-    base = dict(zip(flags[::2], flags[1::2])).get("--base", "allreduce-params")
+    base = flags[flags.index("--base") + 1] if "--base" in flags else "allreduce-params"
     ring = 2 * (p - 1) / p
+    if "--inner-mixing" in flags:  # the base every step, an exact mean at each outer step
+        return (1.0 + ring / INNER) * model_bytes * wire_ratio(flags)
     if algorithm in ("allreduce", "allreduce-params"):
         per = ring
     elif algorithm in ("sgp", "gossip-push"):
@@ -78,7 +80,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--compute-ms", type=float, default=50.0)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--evals", type=int, default=8)

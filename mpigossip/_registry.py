@@ -20,7 +20,7 @@ OPTIONS = {"allreduce": ("bucket_mb", "wire"), "allreduce-params": ("wire",) + _
            "sgp": ("topology", "peers", "wire") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay", "wire"),
            "agp": ("topology", "peers"),
            "dpsgd": ("topology", "wire") + _HIERARCHICAL, "adpsgd": ("seed",),
-           **{a: ("base", "inner_steps", "outer_lr", "outer_momentum", "warmup") for a in OUTER}}
+           **{a: ("base", "inner_steps", "outer_lr", "outer_momentum", "warmup", "inner_mixing") for a in OUTER}}
 
 
 def options_of(algorithm, base=None):
@@ -37,7 +37,8 @@ def options_of(algorithm, base=None):
 #: outer optimizers average the parameters by AllReduce every 32 steps (DiLoCo's outer Nesterov
 #: momentum over inner momentum SGD diverged on digits at 4 and 8: docs/RESULTS.md).
 OPTION_DEFAULTS = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers": 1, "seed": 0,
-                   "base": "allreduce-params", "inner_steps": 32, "wire": None}
+                   "base": "allreduce-params", "inner_steps": 32, "wire": None,
+                   "inner_mixing": False}
 
 #: The compressed wire formats (:mod:`mpigossip.wire`) and the algorithms whose messages can
 #: travel in them (``wire=``, ``--wire``); an outer optimizer's through its base.

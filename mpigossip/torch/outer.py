@@ -5,6 +5,7 @@ import torch
 
 from .. import kernels
 from .. import outer as outer_mod
+from ..allreduce import AllreduceAverager
 from .._registry import OPTION_DEFAULTS, OUTER_BASES
 from .base import _tensors
 
@@ -30,6 +31,10 @@ class _Outer:
         outer_lr, outer_momentum: the outer optimizer's (``None``: the method's defaults,
             :data:`mpigossip.outer.METHODS`).
         warmup: steps averaging every step first (post-local SGD).
+        inner_mixing: the base also mixes at every step, and an outer step first takes the
+            exact mean of the parameters (AllReduce) before the outer update: SlowMo's own
+            setting (Wang et al.: SGP gossiping every step, an exact average every ``inner_steps``).
+            Default False: nothing is sent between outer steps.
         timeout: seconds any wait may take.
         **options: the base wrapper's options (e.g. ``topology``, ``hierarchical``).
     """
@@ -37,7 +42,7 @@ class _Outer:
     name = method = "?"
 
     def __init__(self, model, *, comm, base=OPTION_DEFAULTS["base"], inner_steps=OPTION_DEFAULTS["inner_steps"],
-                 outer_lr=None, outer_momentum=None, warmup=0, timeout=None, **options):
+                 outer_lr=None, outer_momentum=None, warmup=0, inner_mixing=False, timeout=None, **options):
         from . import make  # the registry of wrappers (this module is one of them)
         error, chosen = None, None
         try:
@@ -45,6 +50,9 @@ class _Outer:
                 raise ValueError(f"{self.name}: base must be one of {', '.join(OUTER_BASES)} (a parameter-averaging "
                                  f"algorithm), got {base!r}")
             chosen = outer_mod.settings(self.method, inner_steps, outer_lr, outer_momentum, None, warmup)
+            if not isinstance(inner_mixing, bool):
+                raise ValueError(f"{self.name}: inner_mixing must be True or False, got {inner_mixing!r}")
+            chosen = chosen + (inner_mixing,)
         except ValueError as exc:
             error = str(exc)
         self.base = make(base if base in OUTER_BASES else "allreduce-params", model, comm=comm, timeout=timeout,
@@ -55,7 +63,11 @@ class _Outer:
         except ValueError:
             self.base.free()
             raise
-        _, self.inner_steps, self.lr, self.momentum, self.nesterov, self.warmup = chosen
+        _, self.inner_steps, self.lr, self.momentum, self.nesterov, self.warmup, self.inner_mixing = chosen
+        self._exact = []  # inner_mixing: the exact mean of each group at an outer step
+        if self.inner_mixing and base != "allreduce-params":
+            self._exact = [AllreduceAverager(z, comm=self.base.comm, timeout=self.base.timeout,
+                                             wire=options.get("wire")) for z in self.base.flat.arrays]
         with self.base._ordered():
             self.anchors = [a.copy() for a in self.base.flat.arrays]
             self.momenta = [a.copy() for a in self.base.flat.arrays]
@@ -72,14 +84,18 @@ class _Outer:
         """Call once per iteration, after ``optimizer.step()``. Returns whether it averaged."""
         self.base._check_open()
         self.steps += 1
-        if not outer_mod.averages_at(self.steps, self.inner_steps, self.warmup):
+        outer = outer_mod.averages_at(self.steps, self.inner_steps, self.warmup)
+        if self.inner_mixing or outer:
+            self.base.step()
+        if not outer:
             return False
-        self.base.step()
         with self.base._ordered():
+            for avg in self._exact:  # the base only mixed: the outer step needs the exact mean
+                avg.average()
             plain = (self.lr == 1.0 and self.momentum == 0.0) or self.steps <= self.warmup
             for z, a, m in zip(self.base.flat.arrays, self.anchors, self.momenta):
                 outer_mod.update(a, z, m, lr=self.lr, mu=self.momentum, nesterov=self.nesterov, plain=plain)
-            if not plain:
+            if self._exact or not plain:
                 self._sync_numerators()
         self.exchanges += 1
         return True
@@ -92,6 +108,13 @@ class _Outer:
             self.base._apply_update()
             for ps, z in zip(self.base.comms, self.base.flat.arrays):
                 kernels.debias(z, ps.buffer.array, ps.weight)
+
+    def free(self):
+        """Free the exact averagers (inner_mixing) and the base wrapper (collective)."""
+        for avg in self._exact:
+            avg.free()
+        self._exact = []
+        self.base.free()
 
     def state_dict(self):
         """``{"algorithm", "steps", "exchanges", "base", "anchors", "momenta"}``: the base
@@ -129,7 +152,8 @@ class _Outer:
         self.steps, self.exchanges = int(state["steps"]), int(state["exchanges"])
 
     def __repr__(self):
-        return (f"<mpigossip.torch.{type(self).__name__} H={self.inner_steps} lr={self.lr:g} "
+        return (f"<mpigossip.torch.{type(self).__name__} H={self.inner_steps}"
+                f"{' inner_mixing' if self.inner_mixing else ''} lr={self.lr:g} "
                 f"momentum={self.momentum:g} steps={self.steps} base={self.base!r}>")
 
 

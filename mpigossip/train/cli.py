@@ -92,6 +92,9 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--warmup-steps", type=int, default=0,
                         help="localsgd/slowmo/diloco: average every step for the first N steps (post-local SGD) "
                         "(default: 0)")
+    parser.add_argument("--inner-mixing", action="store_true",
+                        help="localsgd/slowmo/diloco: the base also mixes every step, and an outer step takes the "
+                        "exact mean first (SlowMo's setting over sgp) (default: nothing sent between outer steps)")
     parser.add_argument("--wire", default=None, choices=WIRE_FORMATS,
                         help="send the model compressed: bf16, fp16 or int8 with a scale per 512 values; "
                         + ", ".join(WIRE) + " (default: the model's dtype)")
@@ -163,6 +166,8 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError("--checkpoint-every needs --out")
     for spec in args.straggler:
         parse_straggler(spec, size)
+    if args.inner_mixing and not all(a in OUTER for a in algorithms):
+        raise UsageError(f"--inner-mixing is for {', '.join(OUTER)}")
     if args.wire is not None:
         unsupported = [a for a in algorithms if (args.base if a in OUTER else a) not in WIRE]
         if unsupported:

@@ -111,7 +111,7 @@ class Run:
                  "peers": args.peers, "max_delay": args.max_delay, "hierarchical": args.hierarchical,
                  "node_size": args.node_size, "base": args.base, "inner_steps": args.inner_steps,
                  "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, "warmup": args.warmup_steps,
-                 "wire": args.wire,
+                 "wire": args.wire, "inner_mixing": args.inner_mixing,
                  "topology": topo_mod.make(topology_name(args, averaging), peers=args.peers, seed=args.seed)}
         accepted = mgt.options_of(self.algorithm, args.base)
         return mgt.make(self.algorithm, self.model, comm=self.comm, timeout=self.timeout,

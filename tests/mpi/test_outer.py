@@ -153,3 +153,31 @@ def test_bad_arguments_raise_the_same_error_everywhere():
     with pytest.raises(TypeError, match="averager"):
         mg.Outer(x, object(), inner_steps=2)
     avg.free()
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("wire", [None, "bf16"])
+def test_slowmo_over_sgp_with_inner_mixing(wire):
+    """SlowMo as Wang et al. run it over SGP: the base gossips at every step, an outer step
+    takes the exact mean first, so every rank leaves it with the same model (a regular graph
+    keeps w = 1); in between the models differ. Without inner mixing the base gossips only at
+    the outer step."""
+    torch = pytest.importorskip("torch")
+    import mpigossip.torch as mgt
+    c = comm()
+    for mixing in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, 3)
+        algo = mgt.make("slowmo", model, comm=c, base="sgp", inner_steps=3, inner_mixing=mixing, wire=wire)
+        for step in range(1, 8):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01 * (c.rank + 1) * step)
+            algo.step()
+            assert algo.base.steps == (step if mixing else step // 3)
+            flat = torch.cat([p.detach().ravel() for p in model.parameters()]).numpy().copy()
+            # (without inner mixing the outer step follows one gossip step: each rank its own anchor)
+            assert same_on_all_ranks(c, flat.tobytes()) == (mixing and step % 3 == 0), (mixing, step)
+        algo.free()
+    with pytest.raises(ValueError, match="inner_mixing"):
+        mgt.make("slowmo", model, comm=c, base="sgp", inner_mixing="yes")
