@@ -98,7 +98,8 @@ class WireAllreduce:
             at, end = self._wire(me)
             code.encode(x[lo:hi], send[at:end])
             code.decode(send[at:end], x[lo:hi])  # ours as every other rank will have it
-            buf.synchronize()  # the encode has written the bytes MPI reads
+        buf.synchronize()  # the decode has read the slots MPI rewrites next; the encode wrote what it sends
+        if hi > lo:
             self._send.before_send()
         sources = [r for r in others if self.bounds[r][1] > self.bounds[r][0]]
         dests = others if hi > lo else []

@@ -232,6 +232,7 @@ class PushSum(Communicator):
         p, out_weights = self.topology.mixing_weights(self.rank, k)
         outs = sorted(out_weights)
         ins = self.topology.in_peers(self.rank, k)
+        self.buffer.synchronize()  # no combine queued on the device still reads a slot MPI rewrites
         # Receives first, so early senders find them posted.
         for src in ins:
             factor = self._receive_factor(src, k)

@@ -156,3 +156,17 @@ def test_bad_and_mismatched_wire_formats_raise_everywhere():
         with pytest.raises(ValueError, match=match) as err:
             make()
         assert same_on_all_ranks(c, str(err.value))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_hierarchical_passes_the_wire_format_between_nodes():
+    """node_size=1: every rank its own node, so PushSum between "nodes" does all the mixing."""
+    c = comm()
+    h = mg.Hierarchical.allocate(3 * INT8_BLOCK, "float64", comm=c, inter=mg.PushSum, node_size=1, wire="int8")
+    h.array[:] = data(c)
+    total, scale = global_sum(c, h.array), float(c.allreduce(np.abs(h.array).sum()))
+    assert "wire=int8" in repr(h.inter)
+    for _ in range(5):
+        h.step()
+    assert_mass(c, h.inter.buffer.array, total, scale)
+    h.free()
