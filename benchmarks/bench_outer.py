@@ -74,10 +74,13 @@ def bytes_per_step(algorithm, flags, model_bytes, p=RANKS):
     return per * model_bytes * wire_ratio(flags)
 
 
-def groups():
-    """Configurations that share flags, so that one ``compare`` launch runs them."""
+def groups(only=None):
+    """Configurations that share flags, so that one ``compare`` launch runs them (those whose
+    row is in ``only``, if given)."""
     out = {}
     for row, algorithm, flags, times in CONFIGS:
+        if only and row not in only:
+            continue
         out.setdefault((flags, times), []).append((row, algorithm))
     return list(out.items())
 
@@ -91,6 +94,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--runs", default=None, help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--only", nargs="+", metavar="ROW", help="run only these rows (names as in the table) and "
+                        "replace them in OUT/outer.json, keeping the other rows (a rerun after a fix)")
     args = parser.parse_args()
     runs = args.runs or tempfile.mkdtemp(prefix="bench-outer-")
     os.makedirs(args.out, exist_ok=True)
@@ -103,7 +108,7 @@ def main():
             subprocess.run(["bash", os.path.join(ROOT, "tests/cluster/start.sh"), str(RANKS), rate, "1"], check=True)
             launcher = experiments.Launcher(mpiexec, log, timeout=1800)
             for seed in args.seeds:
-                for g, ((flags, times), members) in enumerate(groups()):
+                for g, ((flags, times), members) in enumerate(groups(args.only)):
                     out = os.path.join(runs, rate, f"seed{seed}", f"group{g}")
                     print(f"{rate}, seed {seed}: {', '.join(r for r, _ in members)}", flush=True)
                     steps = args.steps * times
@@ -130,6 +135,15 @@ def main():
     meta = {"commit": setup.commit(), "versions": setup.versions(),
             "command": " ".join(sys.argv), "ranks": RANKS, "steps": args.steps, "compute_ms": args.compute_ms,
             "lr": args.lr, "inner_steps": INNER, "machine": setup.machine()}
+    if args.only:  # the other rows from the earlier run, whose settings must be these
+        with open(os.path.join(args.out, "outer.json")) as f:
+            earlier = json.load(f)
+        for key in ("steps", "compute_ms", "lr", "inner_steps"):
+            if earlier["meta"][key] != meta[key]:
+                raise SystemExit(f"--only: the earlier run had {key} {earlier['meta'][key]}, this one {meta[key]}")
+        meta = dict(earlier["meta"], reruns=earlier["meta"].get("reruns", []) + [
+            {"rows": args.only, "commit": meta["commit"], "command": meta["command"]}])
+        records = [r for r in earlier["runs"] if r["row"] not in args.only] + records
     with open(os.path.join(args.out, "outer.json"), "w") as f:
         json.dump({"meta": meta, "runs": records}, f, indent=1)
     with open(os.path.join(args.out, "outer.md"), "w") as f:
@@ -147,7 +161,10 @@ def table(meta, records):
              "Time: training time (evaluations excluded), mean over seeds; ratio: to AllReduce's in the same "
              "seed, median; to target: the time until the mean model first reached AllReduce's mean final "
              "accuracy less one point (runs that reached it / seeds); bytes: sent per rank per step, counted "
-             "from the algorithm.", ""]
+             "from the algorithm."]
+    for rerun in meta.get("reruns", []):
+        lines.append(f"Rerun at {rerun['commit']}: {', '.join(rerun['rows'])} (`{rerun['command']}`).")
+    lines.append("")
     for rate in dict.fromkeys(r["rate"] for r in records):
         at = [r for r in records if r["rate"] == rate]
         ar = {r["seed"]: r for r in at if r["row"] == "AllReduce"}

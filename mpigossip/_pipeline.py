@@ -49,7 +49,7 @@ class Pipeline:
         self.owner, self.x = owner, transport
         buf = owner.buffer
         n = buf.size
-        self.wire = None if wire is None else wire_mod.Wire(wire, buf.dtype)
+        self.wire = None if wire is None else wire_mod.Wire(wire, buf.dtype, seed=owner.rank)
         self.chunk = n if transport.staged else min(n, max(1, chunk_bytes // buf.dtype.itemsize))
         if self.wire is not None and self.chunk < n:
             self.chunk = min(n, self.wire.chunk(self.chunk))

@@ -13,6 +13,8 @@ P`` of the buffer's wire bytes, as a ring allreduce does):
 Used by :class:`mpigossip.AllreduceAverager` when ``wire`` is set.
 """
 
+from mpi4py import MPI
+
 from . import buffers
 from . import wire as wire_mod
 
@@ -77,7 +79,7 @@ class WireAllreduce:
         self._requests = self._post(_TAG_REDUCE, others, dests, dests)
 
     def test(self):
-        from mpi4py import MPI
+        """Whether the reduce-scatter's messages have all arrived (drives progress)."""
         return MPI.Request.Testall(self._requests[0])
 
     def finish(self):

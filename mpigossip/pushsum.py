@@ -120,7 +120,7 @@ class PushSum(Communicator):
         self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots}, error=zerror,
                                          wire=wire)
         self.wire = wire
-        self._code = None if wire is None else wire_mod.Wire(wire, self.buffer.dtype)
+        self._code = None if wire is None else wire_mod.Wire(wire, self.buffer.dtype, seed=self.rank)
         self.max_delay = max_delay
         self.weight = float(weight)
         self.steps = 0

@@ -13,7 +13,8 @@ A communicator that sends the model takes ``wire=`` (the same keyword everywhere
 :class:`Wire` is the arithmetic, fused as the communicators need it (one pass each, on the
 CPU block by block in cache, on the GPU one kernel): :meth:`Wire.encode` writes the wire
 bytes of a chunk and can keep the rounding error in the sender's buffer (``x -= keep *
-decoded``, so that PushSum's mass is exact), :meth:`Wire.decode_sum` adds received wire
+decoded``, so that PushSum's mass is exact; bf16 then rounds stochastically, see
+:class:`Wire`), :meth:`Wire.decode_sum` adds received wire
 bytes into the buffer in its own precision. A chunk's bytes: bf16/fp16 ``2 n``; int8 the
 ``ceil(n / INT8_BLOCK)`` scales, then the ``n`` values.
 """
@@ -51,10 +52,22 @@ class Wire:
     Args:
         fmt: one of :data:`FORMATS`.
         dtype: the buffer's dtype (float16, float32 or float64).
+        seed: of the stochastic rounding (give each rank its own: the communicators use
+            their rank).
+
+    When the encode keeps the error (``keep``), bf16 rounds stochastically (up with the
+    probability of the distance to the lower value): with the error kept, a fixed grid
+    rounding to nearest would let two ranks whose values differ by less than the grid
+    spacing see the same value, and stop averaging that difference (measured: SGP on
+    Fashion-MNIST lost 1.1 points with bf16 rounded to nearest, none rounded stochastically).
+    int8's scale moves with each block's largest value, fp16's grid is 8 times finer.
     """
 
-    def __init__(self, fmt, dtype):
+    def __init__(self, fmt, dtype, *, seed=0):
         self.format = check_wire(fmt, dtype)
+        self.seed = int(seed)
+        self._rng = np.random.Generator(np.random.PCG64([self.seed, 0x6D67]))
+        self._calls = 0  # GPU: a new stream of random bits per encode
         if self.format is None:
             raise ValueError("Wire needs a format; wire=None sends the buffer itself")
         self.dtype = np.dtype(dtype)
@@ -106,9 +119,12 @@ class Wire:
             f = xb if as32 and scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
             if self.format == "bf16":
                 u = f.view(np.uint32)
-                t = np.right_shift(u, 16)
-                np.bitwise_and(t, 1, out=t)
-                np.add(t, 0x7FFF, out=t)
+                if keep:  # stochastic: add 16 random low bits, then truncate
+                    t = self._rng.integers(0, 1 << 16, size=u.size, dtype=np.uint32)
+                else:     # to nearest even
+                    t = np.right_shift(u, 16)
+                    np.bitwise_and(t, 1, out=t)
+                    np.add(t, 0x7FFF, out=t)
                 np.add(t, u, out=t)
                 np.right_shift(t, 16, out=t)
                 nan = np.isnan(f)
@@ -220,9 +236,11 @@ class Wire:
             name, blocks = f"encode_int8<{t}>", min(-(-n // INT8_BLOCK), kernels.MAX_GRID)
         else:
             name, blocks = f"encode16<{t}, {_CODES[self.format]}>", kernels.grid(n)
+        self._calls += 1
+        seed = np.uint64((self.seed * 0x9E3779B97F4A7C15 + self._calls * 0xBF58476D1CE4E5B9) % (1 << 64))
         with cupy.cuda.Device(x.device.id):
             kernels.function(x.device.id, name)((blocks,), (256,), (x, wire, np.float64(keep), np.float64(scale),
-                                                                     np.int64(n)))
+                                                                     seed, np.int64(n)))
 
     def _launch_decode(self, out, x, self_weight, wires, weights, z, w):
         import cupy

@@ -55,8 +55,31 @@ def test_error_bounds_and_the_kept_error_is_exact(fmt, dtype):
     assert err.max() > 0, "nothing was rounded: the test data is too easy"
     if dtype != np.float16:  # x - decoded is exact in the buffer's precision: nothing lost
         y = x.copy()
-        code.encode(y, buf, keep=1.0)
+        code.encode(y, buf, keep=1.0)  # (bf16 now rounds stochastically: within one step)
+        d = decoded(code, buf, n, dtype).astype(np.float64)
         assert np.array_equal(y.astype(np.float64) + d, x.astype(np.float64))
+        if fmt == "bf16":
+            assert np.all(np.abs(d - x) <= np.abs(x) * 2.0 ** -7)
+
+
+def test_bf16_with_the_error_kept_rounds_stochastically_without_bias():
+    """A value a quarter of the way between two bf16 values rounds up about a quarter of the
+    time (rounding to nearest would always give the lower one), independently per seed."""
+    lo = np.float32(1.0)
+    x = np.full(1 << 15, lo + np.float32(2.0 ** -7) / 4, np.float32)
+    ups = []
+    for seed in (0, 1):
+        code = Wire("bf16", np.float32, seed=seed)
+        buf = np.empty(code.nbytes(x.size), np.uint8)
+        code.encode(x.copy(), buf, keep=0.5)
+        d = decoded(code, buf, x.size, np.float32)
+        assert set(np.unique(d)) == {lo, lo + np.float32(2.0 ** -7)}
+        ups.append(d > lo)
+    for up in ups:
+        assert abs(up.mean() - 0.25) < 0.02
+    assert not np.array_equal(ups[0], ups[1]), "two ranks' seeds gave the same rounding"
+    code, buf = encoded("bf16", x.copy())  # no error kept: to nearest
+    assert np.all(decoded(code, buf, x.size, np.float32) == lo)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

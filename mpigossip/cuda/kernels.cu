@@ -231,11 +231,20 @@ __global__ void outer(T* a, T* x, T* m, const double lr, const double mu, const 
 __device__ __forceinline__ float bf16_decode(const unsigned short b) {
     return __uint_as_float(static_cast<unsigned int>(b) << 16);
 }
-__device__ __forceinline__ unsigned short bf16_encode(const float f) {
+// To nearest even, or (stochastic) up with the probability of the distance to the lower value:
+// 16 random low bits added before truncating.
+__device__ __forceinline__ unsigned short bf16_encode(const float f, const int stochastic, const unsigned int bits) {
     unsigned int u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
+    u += stochastic ? (bits & 0xffffu) : 0x7fffu + ((u >> 16) & 1u);
     return static_cast<unsigned short>(u >> 16);
+}
+// splitmix64 of (seed, i): the random bits of element i (no state, any thread order).
+__device__ __forceinline__ unsigned int random_bits(const unsigned long long seed, const long long i) {
+    unsigned long long z = seed + static_cast<unsigned long long>(i) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return static_cast<unsigned int>(z ^ (z >> 31));
 }
 __device__ __forceinline__ float fp16_saturate(const float f) {
     return (f != f || isinf(f)) ? f : fminf(fmaxf(f, -65504.0f), 65504.0f);  // NaN and inf stay
@@ -258,15 +267,18 @@ template <> __device__ __forceinline__ float wire_value<2>(const unsigned char* 
     return static_cast<float>(q) * reinterpret_cast<const float*>(wire)[i / QBLOCK];
 }
 
-// bf16 / fp16: wire = encode(scale * x); if keep != 0: x -= keep * decode(wire).
+// bf16 / fp16: wire = encode(scale * x); if keep != 0: x -= keep * decode(wire) (bf16 then
+// rounds stochastically, see mpigossip/wire.py).
 template <typename T, int F>
-__global__ void encode16(T* x, unsigned char* wire, const double keep, const double scale, const long long n) {
+__global__ void encode16(T* x, unsigned char* wire, const double keep, const double scale,
+                         const unsigned long long seed, const long long n) {
     typedef typename Acc<T>::type A;
     GRID_STRIDE(i, n) {
         const A v = load<T>(x[i]) * static_cast<A>(scale);
         float d;
         if (F == 0) {
-            const unsigned short b = bf16_encode(static_cast<float>(v));
+            const unsigned short b = bf16_encode(static_cast<float>(v), keep != 0.0,
+                                                 keep != 0.0 ? random_bits(seed, i) : 0u);
             reinterpret_cast<unsigned short*>(wire)[i] = b;
             d = bf16_decode(b);
         } else {
