@@ -67,6 +67,7 @@ class Wire:
         self.format = check_wire(fmt, dtype)
         self.seed = int(seed)
         self._rng = np.random.Generator(np.random.PCG64([self.seed, 0x6D67]))
+        self._table = None  # CPU: one block of random bits, XORed with a fresh random word per block
         self._calls = 0  # GPU: a new stream of random bits per encode
         if self.format is None:
             raise ValueError("Wire needs a format; wire=None sends the buffer itself")
@@ -120,7 +121,7 @@ class Wire:
             if self.format == "bf16":
                 u = f.view(np.uint32)
                 if keep:  # stochastic: add 16 random low bits, then truncate
-                    t = self._rng.integers(0, 1 << 16, size=u.size, dtype=np.uint32)
+                    t = self._random_bits(u.size)
                 else:     # to nearest even
                     t = np.right_shift(u, 16)
                     np.bitwise_and(t, 1, out=t)
@@ -145,6 +146,15 @@ class Wire:
                     d = h
             if keep:
                 self._subtract(xb, d, keep)
+
+    def _random_bits(self, m):
+        """``m`` uniform random 16-bit values (uint32): a table drawn once, XORed with a word
+        drawn per call, so that each element's bits are uniform from call to call at the cost
+        of two passes in cache (drawing them afresh cost twice the rest of the encode)."""
+        if self._table is None:
+            self._table = self._rng.integers(0, 1 << 32, size=kernels.CPU_BLOCK, dtype=np.uint32)
+        t = np.bitwise_xor(self._table[:m], self._rng.integers(0, 1 << 32, dtype=np.uint32))
+        return np.right_shift(t, 16, out=t)
 
     def _encode_int8(self, x, wire, keep, scale):
         n = x.size
