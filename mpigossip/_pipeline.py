@@ -67,7 +67,7 @@ class Pipeline:
             self._pipe.append(buffers.Transport(memory, stage=self._stage, cuda_aware=self._cuda_aware))
         return self._pipe[index]
 
-    def _post_sends(self, bounds, outs, tag, keep):
+    def _post_sends(self, bounds, outs, tag, keep, step):
         """Post every chunk's sends: ``x`` itself, or each chunk's wire bytes encoded just before."""
         comm, buf = self.owner.comm, self.owner.buffer
         if self.wire is None:
@@ -83,7 +83,8 @@ class Pipeline:
         sends = []
         for lo, hi in bounds:
             at = code.offset(lo)
-            code.encode(x[lo:hi], send.buffer.array[at:at + code.nbytes(hi - lo)], keep=keep)
+            code.encode(x[lo:hi], send.buffer.array[at:at + code.nbytes(hi - lo)], keep=keep, salt=step,
+                        offset=lo)
             if send.staged:  # one piece: copied to the host once every chunk is encoded
                 sends.append([])
                 continue
@@ -94,8 +95,9 @@ class Pipeline:
             sends[0] = [comm.Isend(send.spec, dest=dst, tag=tag) for dst in outs]
         return sends
 
-    def run(self, outs, ins, tag, op, *, self_weight, weights, before_combine=None, z=None, w=1.0):
-        """One mixing step. ``weights[j]`` scales what ``ins[j]`` sends; ``before_combine()``
+    def run(self, outs, ins, tag, op, *, self_weight, weights, before_combine=None, z=None, w=1.0, step=0):
+        """One mixing step (the communicator's ``step``: the wire format's random bits depend on
+        it). ``weights[j]`` scales what ``ins[j]`` sends; ``before_combine()``
         runs after the first receives are posted and before the first combine (PushSum waits
         for its weight messages there) and returns ``w`` for the fused de-bias into ``z``."""
         owner, buf = self.owner, self.owner.buffer
@@ -119,7 +121,7 @@ class Pipeline:
         for i in range(nslots):  # receives first, so early senders find them posted
             post(i)
         # Same (source, tag) for every chunk: MPI matches them in order (non-overtaking).
-        sends = self._post_sends(bounds, outs, tag, 1.0 - self_weight)
+        sends = self._post_sends(bounds, outs, tag, 1.0 - self_weight, step)
         peers = list(ins) + list(outs)  # the order of the requests in every wait below
 
         def named(pending):

@@ -62,7 +62,7 @@ class DPSGD(Communicator):
         ins = self.topology.in_peers(self.rank, k)
         weights = [self.topology.mixing_weights(src, k)[1][self.rank] for src in ins]
         self._pipeline.run(sorted(out_weights), ins, step_tag(k), f"step (step {k})",
-                           self_weight=self_weight, weights=weights)
+                           self_weight=self_weight, weights=weights, step=k)
         self.buffer.release()
         self.steps += 1
 

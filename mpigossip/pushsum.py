@@ -186,7 +186,7 @@ class PushSum(Communicator):
             self.weight = self_weight * self.weight + sum(s * float(wj) for s, wj in zip(shares, wrecv))
             return self.weight
 
-        self._pipeline.run(outs, ins, _tag(k), op, self_weight=self_weight, weights=shares,
+        self._pipeline.run(outs, ins, _tag(k), op, self_weight=self_weight, weights=shares, step=k,
                            before_combine=new_weight, z=None if self._zbuf is None else self._zbuf.array)
         self._release()
         self.steps += 1
@@ -254,7 +254,7 @@ class PushSum(Communicator):
             send = self._send[index]
             self.buffer.acquire()
             if self._code is not None:     # send = encoded x, x -= (1 - p) decoded; peers scale
-                self._code.encode(self.buffer.array, send.buffer.array, keep=1.0 - p)
+                self._code.encode(self.buffer.array, send.buffer.array, keep=1.0 - p, salt=k)
                 wbuf = np.array([self.weight], dtype=np.float64)
                 self.weight *= p
             elif _uniform(p, out_weights):  # x = p x, send = p x: every out-peer takes it as is

@@ -66,9 +66,7 @@ class Wire:
     def __init__(self, fmt, dtype, *, seed=0):
         self.format = check_wire(fmt, dtype)
         self.seed = int(seed)
-        self._rng = np.random.Generator(np.random.PCG64([self.seed, 0x6D67]))
-        self._table = None  # CPU: one block of random bits, XORed with a fresh random word per block
-        self._calls = 0  # GPU: a new stream of random bits per encode
+        self._table = None  # CPU: one block of random bits, XORed with a word per block and salt
         if self.format is None:
             raise ValueError("Wire needs a format; wire=None sends the buffer itself")
         self.dtype = np.dtype(dtype)
@@ -93,10 +91,13 @@ class Wire:
         return max(self.align, chunk // self.align * self.align)
 
     # ------------------------------------------------------------------ encode
-    def encode(self, x, wire, *, keep=0.0, scale=1.0):
+    def encode(self, x, wire, *, keep=0.0, scale=1.0, salt=0, offset=0):
         """Write the wire bytes of ``scale * x`` into ``wire`` (``self.nbytes(x.size)`` uint8);
         if ``keep``, also ``x -= keep * decoded`` in the same pass (the error stays in ``x``;
-        only with ``scale=1``)."""
+        only with ``scale=1``). The random bits of a stochastic rounding are a function of
+        (seed, ``salt``, ``offset`` + index), ``salt`` the step and ``offset`` the chunk's first
+        element in the whole buffer: the same however the buffer is cut into chunks, and a
+        run resumed from a checkpoint draws the bits of one never interrupted."""
         if keep and scale != 1.0:
             raise ValueError("encode: keep needs scale=1")
         n = x.size
@@ -105,14 +106,14 @@ class Wire:
         if x.dtype != self.dtype:
             raise ValueError(f"encode: {x.dtype} buffer for a {self.dtype} wire")
         if not isinstance(x, np.ndarray):
-            self._launch_encode(x, wire, keep, scale)
+            self._launch_encode(x, wire, keep, scale, salt, offset)
         elif self.format == "int8":
             self._encode_int8(x, wire, keep, scale)
         else:
-            self._encode16(x, wire, keep, scale)
+            self._encode16(x, wire, keep, scale, salt, offset)
         return wire
 
-    def _encode16(self, x, wire, keep, scale):
+    def _encode16(self, x, wire, keep, scale, salt, offset):
         words = wire.view(np.uint16)
         as32 = x.dtype == np.float32
         for lo, hi in _blocks(x.size):
@@ -121,7 +122,7 @@ class Wire:
             if self.format == "bf16":
                 u = f.view(np.uint32)
                 if keep:  # stochastic: add 16 random low bits, then truncate
-                    t = self._random_bits(u.size)
+                    t = self._random_bits(u.size, _mix(self.seed, salt), offset + lo)
                 else:     # to nearest even
                     t = np.right_shift(u, 16)
                     np.bitwise_and(t, 1, out=t)
@@ -147,13 +148,19 @@ class Wire:
             if keep:
                 self._subtract(xb, d, keep)
 
-    def _random_bits(self, m):
-        """``m`` uniform random 16-bit values (uint32): a table drawn once, XORed with a word
-        drawn per call, so that each element's bits are uniform from call to call at the cost
-        of two passes in cache (drawing them afresh cost twice the rest of the encode)."""
+    def _random_bits(self, m, word, first):
+        """``m`` uniform random 16-bit values (uint32) for elements ``first ..``: a table of
+        ``CPU_BLOCK`` words drawn once from the seed, indexed by the element's position modulo
+        its length and XORed with ``word`` (a hash of seed and step), so that each element's
+        bits are uniform from step to step, at the cost of two passes in cache (drawing every
+        value afresh cost twice the rest of the encode)."""
+        size = kernels.CPU_BLOCK
         if self._table is None:
-            self._table = self._rng.integers(0, 1 << 32, size=kernels.CPU_BLOCK, dtype=np.uint32)
-        t = np.bitwise_xor(self._table[:m], self._rng.integers(0, 1 << 32, dtype=np.uint32))
+            rng = np.random.Generator(np.random.PCG64([self.seed, 0x6D67]))
+            table = rng.integers(0, 1 << 32, size=size, dtype=np.uint32)
+            self._table = np.concatenate([table, table])  # any window of `size` without wrapping
+        at = first % size
+        t = np.bitwise_xor(self._table[at:at + m], np.uint32(word & 0xFFFFFFFF))
         return np.right_shift(t, 16, out=t)
 
     def _encode_int8(self, x, wire, keep, scale):
@@ -238,7 +245,7 @@ class Wire:
         return d
 
     # ------------------------------------------------------------------ GPU
-    def _launch_encode(self, x, wire, keep, scale):
+    def _launch_encode(self, x, wire, keep, scale, salt=0, offset=0):
         import cupy
         n = x.size
         t = kernels.cuda_type(x.dtype)
@@ -246,11 +253,10 @@ class Wire:
             name, blocks = f"encode_int8<{t}>", min(-(-n // INT8_BLOCK), kernels.MAX_GRID)
         else:
             name, blocks = f"encode16<{t}, {_CODES[self.format]}>", kernels.grid(n)
-        self._calls += 1
-        seed = np.uint64((self.seed * 0x9E3779B97F4A7C15 + self._calls * 0xBF58476D1CE4E5B9) % (1 << 64))
+        seed = np.uint64(_mix(self.seed, salt))
         with cupy.cuda.Device(x.device.id):
             kernels.function(x.device.id, name)((blocks,), (256,), (x, wire, np.float64(keep), np.float64(scale),
-                                                                     seed, np.int64(n)))
+                                                                     seed, np.int64(offset), np.int64(n)))
 
     def _launch_decode(self, out, x, self_weight, wires, weights, z, w):
         import cupy
@@ -273,6 +279,17 @@ class Wire:
 
     def __repr__(self):
         return f"<Wire {self.format} for {self.dtype}>"
+
+
+def _mix(*words):
+    """splitmix64 over ``words``: a well-mixed 64-bit integer, a pure function of them."""
+    z = 0
+    for w in words:
+        z = (z + (int(w) & (2 ** 64 - 1)) + 0x9E3779B97F4A7C15) & (2 ** 64 - 1)
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2 ** 64 - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2 ** 64 - 1)
+        z ^= z >> 31
+    return z
 
 
 def kernel_expressions():

@@ -271,14 +271,14 @@ template <> __device__ __forceinline__ float wire_value<2>(const unsigned char* 
 // rounds stochastically, see mpigossip/wire.py).
 template <typename T, int F>
 __global__ void encode16(T* x, unsigned char* wire, const double keep, const double scale,
-                         const unsigned long long seed, const long long n) {
+                         const unsigned long long seed, const long long offset, const long long n) {
     typedef typename Acc<T>::type A;
     GRID_STRIDE(i, n) {
         const A v = load<T>(x[i]) * static_cast<A>(scale);
         float d;
         if (F == 0) {
             const unsigned short b = bf16_encode(static_cast<float>(v), keep != 0.0,
-                                                 keep != 0.0 ? random_bits(seed, i) : 0u);
+                                                 keep != 0.0 ? random_bits(seed, offset + i) : 0u);
             reinterpret_cast<unsigned short*>(wire)[i] = b;
             d = bf16_decode(b);
         } else {
