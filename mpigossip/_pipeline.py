@@ -73,13 +73,12 @@ class Pipeline:
         if self.wire is None:
             self.x.before_send()
             return [[comm.Isend(self.x.part(lo, hi), dest=dst, tag=tag) for dst in outs] for lo, hi in bounds]
-        code = self.wire
-        if self._send is None:
-            self._send = buffers.Transport(buffers.raw(buf, code.nbytes(buf.size)), stage=self._stage,
-                                           cuda_aware=self._cuda_aware)
-        x, send = buf.array, self._send
         if not outs:
             return [[] for _ in bounds]
+        code = self.wire
+        if self._send is None:
+            self._send = buffers.Transport(buffers.message(buf, code), stage=self._stage, cuda_aware=self._cuda_aware)
+        x, send = buf.array, self._send
         sends = []
         for lo, hi in bounds:
             at = code.offset(lo)

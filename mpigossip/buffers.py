@@ -212,6 +212,12 @@ def raw(like, nbytes):
     return Buffer(array, array, "numpy")
 
 
+def message(like, code=None):
+    """A new :class:`Buffer` for one message of all of ``like``'s values: ``like``'s dtype, or
+    the wire bytes of ``code`` (a :class:`mpigossip.wire.Wire`)."""
+    return scratch(like) if code is None else raw(like, code.nbytes(like.size))
+
+
 def describe(buf):
     """(size, dtype, device kind) of a buffer, as compared across ranks."""
     return (buf.size, str(buf.dtype), "cuda" if buf.on_device else "cpu")

@@ -112,9 +112,8 @@ class Gossip(Communicator):
 
     def _message(self):
         """A full-size message buffer: the buffer's dtype, or its wire bytes."""
-        memory = (buffers.scratch(self.buffer) if self._code is None
-                  else buffers.raw(self.buffer, self._code.nbytes(self.buffer.size)))
-        return buffers.Transport(memory, stage=self._stage, cuda_aware=self._cuda_aware)
+        return buffers.Transport(buffers.message(self.buffer, self._code), stage=self._stage,
+                                 cuda_aware=self._cuda_aware)
 
     def _recv_slot(self, index):
         while len(self._recv) <= index:

@@ -75,30 +75,29 @@ def _pack(*arrays):
     return 1
 
 
+def cuda_type(dtype):
+    """The CUDA C++ element type of a numpy dtype."""
+    return _CUDA_TYPES[str(np.dtype(dtype))]
+
+
+def grid(n):
+    """Blocks of ``_BLOCK`` threads for a grid-stride launch over ``n`` elements (or packs)."""
+    return max(1, min(-(-n // _BLOCK), _MAX_GRID))
+
+
+function = _function  # for the other kernel modules (mpigossip.wire)
+MAX_GRID = _MAX_GRID
+
+
 def _launch(name, array, args, template=(), operands=()):
     """Launch kernel ``name<T, *template, V>`` over ``array.size`` elements; ``V`` from the
     alignment of ``operands`` (default: ``array``)."""
     import cupy
     n = array.size
     v = _pack(*(operands or (array,)))
-    expression = f"{name}<{', '.join([_CUDA_TYPES[str(array.dtype)], *map(str, template), str(v)])}>"
-    grid = max(1, min(-(-(n // v) // _BLOCK), _MAX_GRID))
+    expression = f"{name}<{', '.join([cuda_type(array.dtype), *map(str, template), str(v)])}>"
     with cupy.cuda.Device(array.device.id):
-        _function(array.device.id, expression)((grid,), (_BLOCK,), args + (np.int64(n),))
-
-
-def cuda_type(dtype):
-    """The CUDA C++ element type of a numpy dtype."""
-    return _CUDA_TYPES[str(np.dtype(dtype))]
-
-
-def grid(n, block=_BLOCK):
-    """Blocks of a grid-stride launch over ``n`` elements."""
-    return max(1, min(-(-n // block), MAX_GRID))
-
-
-function = _function  # for the other kernel modules (mpigossip.wire)
-MAX_GRID = _MAX_GRID
+        _function(array.device.id, expression)((grid(n // v),), (_BLOCK,), args + (np.int64(n),))
 
 
 @functools.lru_cache(maxsize=64)
@@ -167,7 +166,7 @@ def weighted_sum(out, x, self_weight, recvs=(), weights=(), *, z=None, w=1.0, ke
     import cupy
     with cupy.cuda.Device(x.device.id):
         _function(x.device.id, f"weighted_sum_many<{_CUDA_TYPES[str(x.dtype)]}>")(
-            (max(1, min(-(-n // _BLOCK), _MAX_GRID)),), (_BLOCK,),
+            (grid(n),), (_BLOCK,),
             (out, x, np.float64(self_weight), ptrs, wts, np.int32(len(recvs)), target,
              np.int32(z is not None), np.float64(w), np.int64(n)))
     return out

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import kernels
 from ._registry import WIRE_FORMATS as FORMATS
+
 #: Values per int8 scale.
 INT8_BLOCK = 512
 _CODES = {"bf16": 0, "fp16": 1, "int8": 2}
@@ -116,13 +117,14 @@ class Wire:
     def _encode16(self, x, wire, keep, scale, salt, offset):
         words = wire.view(np.uint16)
         as32 = x.dtype == np.float32
+        word = _mix(self.seed, salt) if keep and self.format == "bf16" else 0  # the step's random word
         for lo, hi in _blocks(x.size):
             xb, qb = x[lo:hi], words[lo:hi]
             f = xb if as32 and scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
             if self.format == "bf16":
                 u = f.view(np.uint32)
                 if keep:  # stochastic: add 16 random low bits, then truncate
-                    t = self._random_bits(u.size, _mix(self.seed, salt), offset + lo)
+                    t = self._random_bits(u.size, word, offset + lo)
                 else:     # to nearest even
                     t = np.right_shift(u, 16)
                     np.bitwise_and(t, 1, out=t)

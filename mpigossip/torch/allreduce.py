@@ -30,12 +30,8 @@ class AllReduce(_Wrapper):
 
     def _make(self, array):
         if self.hierarchical:
-            return self._hierarchical(array, AllreduceAverager, **self._wire())
+            return self._hierarchical(array, AllreduceAverager, wire=self.wire)
         return AllreduceAverager(array, comm=self.comm, timeout=self.timeout, wire=self.wire)
-
-    def _wire(self):
-        """``{"wire": ...}`` when set (the inter-node communicator's keyword), else nothing."""
-        return {} if self.wire is None else {"wire": self.wire}
 
     def _step(self):
         for c in self.comms:

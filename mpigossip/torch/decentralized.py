@@ -23,8 +23,7 @@ class DPSGD(_Wrapper):
 
     def _make(self, array):
         if self.hierarchical:
-            return self._hierarchical(array, _DPSGD, topology=self.topology,
-                                      **({} if self.wire is None else {"wire": self.wire}))
+            return self._hierarchical(array, _DPSGD, topology=self.topology, wire=self.wire)
         return _DPSGD(array, comm=self.comm, topology=self.topology, timeout=self.timeout, wire=self.wire)
 
     def _step(self):

@@ -9,6 +9,7 @@ class GossipPull(_Periodic):
 
     name = "gossip-pull"
     mode = "pull"
+    wire = None  # a pull reads the window's own dtype
 
     def __init__(self, model, *, comm, tau=1, seed=0, timeout=None):
         self.tau, self.seed = tau, seed
@@ -16,10 +17,7 @@ class GossipPull(_Periodic):
 
     def _make(self, array):
         return self._every(Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, timeout=self.timeout,
-                                  **self._wire()))
-
-    def _wire(self):
-        return {}
+                                  wire=self.wire))
 
 
 
@@ -37,7 +35,4 @@ class GossipPush(GossipPull):
     def _make(self, array):
         if not self.hierarchical:
             return super()._make(array)
-        return self._every(self._hierarchical(array, Gossip, mode="push", seed=self.seed, **self._wire()))
-
-    def _wire(self):
-        return {} if self.wire is None else {"wire": self.wire}
+        return self._every(self._hierarchical(array, Gossip, mode="push", seed=self.seed, wire=self.wire))

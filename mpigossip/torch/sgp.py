@@ -40,8 +40,7 @@ class SGP(_Wrapper):
 
     def _make(self, array):
         if self.hierarchical:  # the numerator lives in the node's shared window (host groups)
-            h = self._hierarchical(array.copy(), PushSum, rehome=False, topology=self.topology,
-                                   **({} if self.wire is None else {"wire": self.wire}))
+            h = self._hierarchical(array.copy(), PushSum, rehome=False, topology=self.topology, wire=self.wire)
             self.numerators.append(h.array)
             return h
         x = array.copy()
