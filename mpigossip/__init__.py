@@ -4,6 +4,8 @@ Communicators work on one flat contiguous buffer (numpy, cupy or torch):
 
 * :class:`AllreduceAverager` - exact mean (AllReduce SGD);
 * :class:`PushSum` - Stochastic Gradient Push, synchronous or overlapping (OSGP);
+* :class:`AsyncPushSum` - Asynchronous Gradient Push (no rank waits; also spelt
+  ``PushSum(..., max_delay=None)``);
 * :class:`Gossip` - gossiping SGD, pull (one-sided RMA) or push;
 * :class:`ParameterServer` with :class:`ElasticAveraging` (EASGD) and :class:`AsyncSGD`
   workers - an asynchronous parameter server in passive-target RMA windows;
@@ -27,13 +29,13 @@ __version__ = "0.1.0"
 
 from . import kernels, topology  # noqa: E402  (neither imports MPI)
 
-_LAZY = {"AllreduceAverager": "allreduce", "AsyncSGD": "elastic", "ElasticAveraging": "elastic",
+_LAZY = {"AllreduceAverager": "allreduce", "AsyncPushSum": "agp", "AsyncSGD": "elastic", "ElasticAveraging": "elastic",
          "Gossip": "gossip", "ParameterServer": "server", "PushSum": "pushsum", "DPSGD": "dpsgd",
          "ADPSGD": "adpsgd", "NodeMean": "node", "Hierarchical": "hierarchical", "Every": "periodic",
          "Outer": "outer",
          "buffers": None}
 
-__all__ = ["ADPSGD", "AllreduceAverager", "AsyncSGD", "DPSGD", "ElasticAveraging", "Every", "Gossip", "Hierarchical",
+__all__ = ["ADPSGD", "AllreduceAverager", "AsyncPushSum", "AsyncSGD", "DPSGD", "ElasticAveraging", "Every", "Gossip", "Hierarchical",
            "NodeMean", "Outer", "ParameterServer", "PushSum", "buffers", "kernels", "topology", "__version__"]
 
 

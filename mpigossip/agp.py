@@ -1,9 +1,11 @@
 """Asynchronous Gradient Push (Assran & Rabbat, "Asynchronous gradient push", IEEE TAC 2021):
 PushSum in which no rank ever waits for another.
 
-``PushSum(x, comm=..., max_delay=None)`` builds an :class:`AsyncPushSum`. Each rank advances
-its own step counter and takes its out-peers from the topology at that step; ranks may be
-any number of steps apart.
+``AsyncPushSum(x, comm=...)`` (or its spelling ``PushSum(x, comm=..., max_delay=None)``). Each
+rank advances its own step counter and takes its out-peers from the topology at that step;
+ranks may be any number of steps apart. A sibling of :class:`~mpigossip.PushSum` over
+:class:`~mpigossip._pushsum_base.PushSumBase`, not a subclass: PushSum's ranks step in
+lockstep, these never wait.
 
 * ``start()`` splits off each out-peer's share of ``(x, w)`` (the column of the topology's
   mixing matrix at this rank's step) and adds it into that peer's *accumulating* buffer. A
@@ -13,11 +15,15 @@ any number of steps apart.
   out-peer, whatever the delays.
 * ``finish()`` adds every ``(x, w)`` share that has arrived, from anyone, and never blocks.
   A share's weight travels first, in a small message probed from any source (the senders'
-  steps are not this rank's), then the share, received from that sender into one of a few
-  slots.
+  steps are not this rank's), then the share, received from that sender into one of
+  ``receives`` full-size buffers.
 * ``drain()`` (collective) sends what is accumulating, agrees with every rank on how many
   messages each pair exchanged, and receives the rest: afterwards Σx and Σw over ranks hold
-  all the mass, exactly, even when ranks ran different numbers of steps.
+  all the mass, exactly, even when the ranks ran different numbers of steps. Training may go
+  on at once, with no collective in between: the messages sent between two drains carry
+  that *epoch*'s tags (two alternate), so a rank that has left its drain and sends the next
+  shares neither counts in nor waits on a peer still draining; those messages wait in MPI
+  until the peer polls the new epoch's tags.
 
 What it does not guarantee: a rank that stops calling ``start()``/``finish()`` stops mixing,
 and messages to or from it wait (its in-flight sends and the shares sent to it stay in MPI
@@ -30,9 +36,14 @@ import numpy as np
 from mpi4py import MPI
 
 from . import deadline, kernels
-from .pushsum import PushSum
+from ._checks import integer_error
+from ._pushsum_base import PushSumBase
 
-_TAG_X, _TAG_W = 1, 2
+
+def _tags(epoch):
+    """(x tag, w tag) of the messages sent between drain ``epoch - 1`` and drain ``epoch``:
+    two epochs alternate (a rank can be at most one drain ahead of a peer that receives)."""
+    return (1, 2) if epoch % 2 == 0 else (3, 4)
 
 
 class _Out:
@@ -60,28 +71,41 @@ class _Slot:
         self.transport, self.request, self.src, self.w = transport, None, None, 0.0
 
 
-class AsyncPushSum(PushSum):
-    """PushSum that never waits: built by ``PushSum(x, comm=..., max_delay=None)``.
+class AsyncPushSum(PushSumBase):
+    """PushSum that never waits.
 
-    Takes PushSum's arguments (``z`` is not supported: call :meth:`debiased`), plus
-    ``slots``: receives posted at once, each a buffer of x's size (default 2).
+    Args:
+        x: the numerator (numpy/cupy/torch, contiguous, same length and dtype on every
+            rank); updated in place.
+        comm: communicator (keyword-only).
+        topology: a :mod:`mpigossip.topology` graph; default ``ExponentialGraph(peers=1)``.
+        weight: initial PushSum weight (1.0).
+        timeout: seconds any wait (``drain()``) may take before the job is aborted.
+        cuda_aware, stage: see :class:`mpigossip.buffers.Transport`.
+        receives: receives posted at once, each into a buffer of x's size (default 2).
+        z, wire: accepted as ``None`` only (for the ``PushSum(max_delay=None)`` spelling):
+            call :meth:`debiased` for ``x / w``; shares travel in the buffer's own dtype.
+
     ``step()`` is ``start()`` then ``finish()``.
     """
 
-    _name = "PushSum(max_delay=None)"
+    _name = "AsyncPushSum"
 
-    def __init__(self, x, *, comm, topology=None, max_delay=None, weight=1.0, z=None, timeout=None,
-                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2, wire=None):
+    def __init__(self, x, *, comm, topology=None, weight=1.0, timeout=None, cuda_aware=None, stage=None,
+                 receives=2, z=None, wire=None):
         if z is not None:
-            raise ValueError("PushSum(max_delay=None) takes no z: call debiased()")
+            raise ValueError("AsyncPushSum (PushSum(max_delay=None)) takes no z: call debiased()")
         if wire is not None:
-            raise ValueError("PushSum(max_delay=None) sends the buffer's own dtype: wire formats need max_delay >= 0")
-        super().__init__(x, comm=comm, topology=topology, max_delay=None, weight=weight, timeout=timeout,
-                         cuda_aware=cuda_aware, stage=stage, chunk_bytes=chunk_bytes, slots=slots)
+            raise ValueError("AsyncPushSum (PushSum(max_delay=None)) sends the buffer's own dtype: "
+                             "wire formats need PushSum with max_delay >= 0")
+        super().__init__(x, comm=comm, topology=topology, weight=weight, timeout=timeout, cuda_aware=cuda_aware,
+                         stage=stage, slots=1, check=lambda: integer_error(receives, "receives", 1),
+                         same={"receives": receives})
         self._outs = {}                                   # dst -> _Out, made on first use
-        self._slots = [_Slot(self._new_transport()) for _ in range(max(1, slots))]
+        self._slots = [_Slot(self._new_transport()) for _ in range(receives)]
         self._wrecv = np.zeros(1, dtype=np.float64)
         self.received = np.zeros(self.size, dtype=np.int64)  # messages received, per source
+        self.epoch = 0  # drains completed: the tags of the messages sent now (_tags)
 
     # ------------------------------------------------------------------ receives
     def _poll(self):
@@ -94,16 +118,18 @@ class AsyncPushSum(PushSum):
         done = [s for s in self._slots if s.src is not None and s.request.Test()]
         if done:
             self._add(done)
+        xtag, wtag = _tags(self.epoch)
         status = MPI.Status()
         for slot in self._slots:
             if slot.src is not None:
                 continue
-            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG_W, status=status):
+            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=wtag, status=status):
                 break
             slot.src = status.Get_source()
-            self.comm.Recv(self._wrecv, source=slot.src, tag=_TAG_W)  # probed: here already
+            self.comm.Recv(self._wrecv, source=slot.src, tag=wtag)  # probed: here already
             slot.w = float(self._wrecv[0])
-            slot.request = self.comm.Irecv(slot.transport.spec, source=slot.src, tag=_TAG_X)
+            # spec waits for a combine still reading this slot on the device (Transport.reading)
+            slot.request = self.comm.Irecv(slot.transport.spec, source=slot.src, tag=xtag)
 
     def _add(self, slots):
         recvs = []
@@ -116,6 +142,7 @@ class AsyncPushSum(PushSum):
         kernels.weighted_sum(self.buffer.array, self.buffer.array, 1.0, recvs, [1.0] * len(recvs))
         self.buffer.release()
         for slot in slots:
+            slot.transport.reading()  # the combine just queued reads it: MPI may rewrite it only after
             slot.src, slot.request = None, None
 
     # ------------------------------------------------------------------ sends
@@ -132,8 +159,9 @@ class AsyncPushSum(PushSum):
         out.sending, out.accumulating = out.accumulating, out.sending
         out.wsend[0], out.waccum, out.filled = out.waccum, 0.0, False
         out.sending.before_send()
-        out.requests = [self.comm.Isend(out.wsend, dest=out.dst, tag=_TAG_W),   # the weight first
-                        self.comm.Isend(out.sending.spec, dest=out.dst, tag=_TAG_X)]
+        xtag, wtag = _tags(self.epoch)
+        out.requests = [self.comm.Isend(out.wsend, dest=out.dst, tag=wtag),   # the weight first
+                        self.comm.Isend(out.sending.spec, dest=out.dst, tag=xtag)]
         out.sent += 1
 
     def start(self):
@@ -141,7 +169,7 @@ class AsyncPushSum(PushSum):
         those whose previous message has left. Never blocks."""
         self._check_open()
         if self._started:
-            raise RuntimeError("PushSum.start(): call finish() before the next start()")
+            raise RuntimeError(f"{self._name}.start(): call finish() before the next start()")
         k = self.steps
         self.topology.check_step(k)
         own, out_weights = self.topology.mixing_weights(self.rank, k)
@@ -170,7 +198,7 @@ class AsyncPushSum(PushSum):
         freed. Never blocks. Ends the step."""
         self._check_open()
         if not self._started:
-            raise RuntimeError("PushSum.finish(): start() was not called")
+            raise RuntimeError(f"{self._name}.finish(): start() was not called")
         for out in self._outs.values():
             self._send_if_free(out)
         self._poll()
@@ -194,7 +222,7 @@ class AsyncPushSum(PushSum):
         the ranks ran different numbers of steps; training may go on."""
         self._check_open()
         if self._started:
-            raise RuntimeError("PushSum.drain(): call finish() first")
+            raise RuntimeError(f"{self._name}.drain(): call finish() first")
         if self.size == 1:
             return
         # Every wait below keeps receiving: a peer may still be sending to this rank.
@@ -216,8 +244,9 @@ class AsyncPushSum(PushSum):
         self._progress_until(counts.Test, "drain (counts)", lambda: "all ranks (Ialltoall)")
         self._progress_until(lambda: not np.any(self.received < expected), "drain (receives)",
                              lambda: [int(r) for r in np.flatnonzero(self.received < expected)])
-        if np.any(self.received > expected):  # cannot happen: a message outside the count
-            raise RuntimeError(f"PushSum.drain(): received {self.received} but the senders count {expected}")
+        if np.any(self.received > expected):  # cannot happen: the next epoch's messages have other tags
+            raise RuntimeError(f"{self._name}.drain(): received {self.received} but the senders count {expected}")
+        self.epoch += 1
 
     def _progress_until(self, done, op, who):
         """Receive (``_poll``) until ``done()``, under the deadline (naming ``who()``)."""
@@ -239,6 +268,6 @@ class AsyncPushSum(PushSum):
 
     def __repr__(self):
         state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
-        return (f"<PushSum(max_delay=None) {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
+        return (f"<AsyncPushSum {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
                 f"rank={self.rank}/{self.size} {self.topology!r} steps={self.steps} weight={self.weight:.6g} "
                 f"sent={sum(o.sent for o in self._outs.values())} received={int(self.received.sum())} {state}>")

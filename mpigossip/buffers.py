@@ -322,11 +322,12 @@ class Transport:
             a host staging copy (used to test the staged path on CPU).
         cuda_aware: override for the detection.
 
-    Call :meth:`before_send` before MPI reads and :meth:`after_recv` once MPI has written.
+    Call :meth:`before_send` before MPI reads and :meth:`after_recv` once MPI has written;
+    :meth:`reading` once a kernel that reads a received buffer has been queued.
     :attr:`memory`, :attr:`spec` and :meth:`part` hand the memory to MPI, and first wait
-    for a host-to-device copy still reading the staging buffer: a copy from pinned memory
-    is asynchronous, and MPI writing the next message into the staging buffer while the
-    copy of the previous one still reads it would corrupt the device copy silently.
+    for device work still reading it: a host-to-device copy out of the staging buffer (a
+    copy from pinned memory is asynchronous), or a combine reading the device buffer itself.
+    MPI writing the next message while either still reads would corrupt it silently.
     """
 
     def __init__(self, buf, *, stage=None, cuda_aware=None):
@@ -340,15 +341,15 @@ class Transport:
         if self.staged:
             self.host = (_pinned_empty(buf.size, buf.dtype) if buf.on_device
                          else np.empty(buf.size, dtype=buf.dtype))
-        self._copy_done = None  # event of a pending host-to-device copy out of self.host
+        self._busy = None  # event of queued device work still reading what MPI writes next
 
     @property
     def memory(self):
         """The array MPI reads and writes (the staging buffer, or the buffer itself), once
-        no copy out of it is pending."""
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
-            self._copy_done = None
+        no device work queued before reads it."""
+        if self._busy is not None:
+            self._busy.synchronize()
+            self._busy = None
         return self.host if self.staged else self.buffer.array
 
     @property
@@ -379,6 +380,14 @@ class Transport:
         if self.staged:
             if self.buffer.on_device:
                 self.buffer.array.set(self.memory)
-                self._copy_done = _cupy().cuda.get_current_stream().record(_event())
+                self._busy = _cupy().cuda.get_current_stream().record(_event())
             else:
                 np.copyto(self.buffer.array, self.host)
+
+    def reading(self):
+        """Say that device work just queued (on our stream) reads the buffer: MPI gets
+        :attr:`memory` again only once that work has run. Staged: nothing to do (MPI writes the
+        host copy, and the next copy to the device is queued after the work); on the host:
+        nothing (the work has run)."""
+        if self.buffer.on_device and not self.staged:
+            self._busy = _cupy().cuda.get_current_stream().record(_event())

@@ -25,12 +25,12 @@ from mpi4py import MPI
 import numpy as np
 
 from . import buffers, kernels
-from . import topology as topo_mod
-from . import wire as wire_mod
-from ._base import Communicator, check_chunk_bytes, step_tag, tag_period
+from ._base import check_chunk_bytes, step_tag, tag_period
 from ._checks import check_integer
-from ._pipeline import Pipeline, bind_mixing
+from ._pipeline import Pipeline
+from ._pushsum_base import PushSumBase
 from ._registry import OPTION_DEFAULTS
+from .agp import AsyncPushSum
 
 
 def _tag(step, weight=False):
@@ -54,7 +54,7 @@ class _Message:
         self.factor = factor  # scales (x, w) as received: 1 if the sender scaled them already
 
 
-class PushSum(Communicator):
+class PushSum(PushSumBase):
     """PushSum gossip on one flat buffer.
 
     Args:
@@ -64,8 +64,10 @@ class PushSum(Communicator):
         topology: a :mod:`mpigossip.topology` graph; default ``ExponentialGraph(peers=1)``.
         max_delay: overlap mode only: a message sent at step k must be consumed by the
             end of step ``k + max_delay`` (default 1, as OSGP's wrapper and ``--max-delay``);
-            ``finish()`` blocks (with timeout) for older ones. ``None``: no bound, no rank
-            ever waits (Asynchronous Gradient Push: an :class:`~mpigossip.agp.AsyncPushSum`).
+            ``finish()`` blocks (with timeout) for older ones. ``PushSum(x, ...,
+            max_delay=None)`` is a spelling of ``AsyncPushSum(x, ...)`` (Asynchronous Gradient
+            Push: no bound, no rank ever waits): a sibling class with its own contract, not a
+            PushSum (see :mod:`mpigossip.agp`).
         weight: initial PushSum weight (1.0).
         z: optional buffer of x's kind receiving ``x / w`` in the same pass as each combine.
         timeout: seconds any wait may take before the job is aborted.
@@ -80,51 +82,24 @@ class PushSum(Communicator):
     """
 
     _name = "PushSum"
-    _renamed = {"step_count": "steps"}
-    _state_keys = ("weight",)
 
     def __new__(cls, *args, max_delay=OPTION_DEFAULTS["max_delay"], **kwargs):
-        if cls is PushSum and max_delay is None:  # unbounded delay: Asynchronous Gradient Push
-            from .agp import AsyncPushSum
-            cls = AsyncPushSum
+        if cls is PushSum and max_delay is None:  # the documented spelling of Asynchronous Gradient Push
+            return AsyncPushSum(*args, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, x, *, comm, topology=None, max_delay=OPTION_DEFAULTS["max_delay"], weight=1.0, z=None, timeout=None,
                  cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2, wire=None):
-        super().__init__(comm, timeout)
-        error = check_chunk_bytes(chunk_bytes)
-        try:
-            self.topology = bind_mixing(topology, topo_mod.ExponentialGraph(peers=1), self.size, slots=slots,
-                                        what="PushSum needs distinct peers")
-            check_integer(max_delay, "max_delay", 0, allow_none=True)
-            if max_delay is not None and max_delay >= tag_period(2) - 1:
+        def check():
+            check_integer(max_delay, "max_delay", 0, allow_none=True)  # None: AsyncPushSum (__new__)
+            if max_delay >= tag_period(2) - 1:
                 raise ValueError(f"max_delay must be below {tag_period(2) - 1} (this MPI's tag bound), got {max_delay}")
-            if not float(weight) > 0:
-                raise ValueError(f"weight must be > 0, got {weight!r}")
-        except (TypeError, ValueError) as exc:
-            error = error or str(exc)
-        self._validate(error)
-        zbuf, zerror = None, None
-        if z is not None:  # checked here, raised on every rank with x's checks
-            try:
-                zbuf = buffers.as_buffer(z, name="z")
-            except (TypeError, ValueError) as exc:
-                zerror = str(exc)
-            else:
-                try:
-                    xbuf = buffers.as_buffer(x, name="x")
-                except (TypeError, ValueError):
-                    xbuf = None  # x's own problem: check_buffer reports it
-                if xbuf is not None and buffers.describe(zbuf) != buffers.describe(xbuf):
-                    zerror = f"z must match x ({xbuf}), got {zbuf}"
-        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots}, error=zerror,
-                                         wire=wire)
-        self.wire = wire
-        self._code = None if wire is None else wire_mod.Wire(wire, self.buffer.dtype, seed=self.rank)
+            return check_chunk_bytes(chunk_bytes)
+
+        super().__init__(x, comm=comm, topology=topology, weight=weight, timeout=timeout, cuda_aware=cuda_aware,
+                         stage=stage, slots=slots, z=z, wire=wire, check=check,
+                         same={"chunk_bytes": chunk_bytes, "slots": slots})
         self.max_delay = max_delay
-        self.weight = float(weight)
-        self.steps = 0
-        self._cuda_aware, self._stage = cuda_aware, stage
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
                                   cuda_aware=cuda_aware, wire=wire)
@@ -135,25 +110,12 @@ class PushSum(Communicator):
         self._sends = []       # overlap: (slot, requests, wbuf) of sends in flight
         self._pending = []     # overlap: _Message list, oldest first
         self._consumed = []    # overlap: messages arrived and not yet combined
-        self._zbuf = zbuf
-        self._z_user = z
-        self._started = False
 
     # ------------------------------------------------------------------ helpers
-    def _new_transport(self):
-        """A full-size message buffer: the buffer's dtype, or its wire bytes."""
-        return buffers.Transport(buffers.message(self.buffer, self._code), stage=self._stage,
-                                 cuda_aware=self._cuda_aware)
-
     def _recv_slot(self, index):
         while len(self._recv) <= index:
             self._recv.append(self._new_transport())
         return self._recv[index]
-
-    @property
-    def started(self):
-        """Whether ``start()`` was called and ``finish()`` not yet."""
-        return self._started
 
     @property
     def in_flight(self):
@@ -198,18 +160,6 @@ class PushSum(Communicator):
         ins = self.topology.in_peers(self.rank, k)
         shares = [self.topology.mixing_weights(src, k)[1][self.rank] for src in ins]
         return self_weight, sorted(out_weights), ins, shares
-
-    def _acquire(self):
-        """Order the device work queued here after the user's pending work on x (and z)."""
-        self.buffer.acquire()
-        if self._zbuf is not None:
-            self._zbuf.acquire()
-
-    def _release(self):
-        """Order the user's later work on x (and z) after the device work queued here."""
-        self.buffer.release()
-        if self._zbuf is not None:
-            self._zbuf.release()
 
     def _combine(self, self_weight, recvs, weights):
         z = None if self._zbuf is None else self._zbuf.array
@@ -338,29 +288,6 @@ class PushSum(Communicator):
         for slot, reqs, _, dsts in self._sends:
             self._wait(reqs, "drain (sends)", peer=dsts)
         self._progress_sends()
-
-    def _state(self):
-        return {"weight": self.weight}
-
-    def _load_state(self, state):
-        self.weight = float(state["weight"])
-
-    # ------------------------------------------------------------------ results
-    def debiased(self):
-        """``z = x / w`` now, in a buffer of x's kind that is reused across calls."""
-        self._check_open()
-        if self._zbuf is None:
-            self._zbuf = buffers.scratch(self.buffer)
-            self._z_user = self.buffer.like(self._zbuf.array)
-        self._acquire()
-        kernels.debias(self._zbuf.array, self.buffer.array, self.weight)
-        self._release()
-        return self._z_user
-
-    @property
-    def z(self):
-        """The de-biased buffer as last written (by ``debiased()`` or a fused combine), or None."""
-        return self._z_user
 
     def _complete(self):
         if self._started:

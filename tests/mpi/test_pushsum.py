@@ -6,6 +6,7 @@ import pytest
 
 import mpigossip as mg
 from mpigossip import topology as T
+from mpigossip._pushsum_base import PushSumBase
 
 from .helpers import comm, consensus_distance, global_sum, same_on_all_ranks
 
@@ -213,7 +214,9 @@ def test_agp_reaches_consensus_without_waiting(topology):
     c = comm()
     x = np.full(256, float(c.rank))
     ps = mg.PushSum(x, comm=c, topology=mg.topology.make(topology, seed=1), max_delay=None)
-    assert type(ps).__name__ == "AsyncPushSum" and isinstance(ps, mg.PushSum)
+    # a sibling of PushSum with its own contract, not a PushSum
+    assert isinstance(ps, mg.AsyncPushSum) and not isinstance(ps, mg.PushSum)
+    assert isinstance(ps, PushSumBase)
     for _ in range(60 if c.rank < c.size - 1 else 90):
         time.sleep(1e-3)
         ps.step()
@@ -224,7 +227,7 @@ def test_agp_reaches_consensus_without_waiting(topology):
     assert np.all(z == z[0]), "a share was added to part of the vector"
     spread = max(c.allgather(abs(float(z[0]) - mean)))
     assert spread < 1e-2 * (c.size - 1), spread
-    assert "max_delay=None" in repr(ps) and "idle" in repr(ps)
+    assert "AsyncPushSum" in repr(ps) and "idle" in repr(ps)
     ps.free()
     with pytest.raises(RuntimeError, match="freed"):
         ps.step()
@@ -235,6 +238,8 @@ def test_agp_bad_arguments():
     c = comm()
     with pytest.raises(ValueError, match="takes no z"):
         mg.PushSum(np.zeros(4), comm=c, max_delay=None, z=np.zeros(4))
+    with pytest.raises(ValueError, match="receives must be an integer >= 1"):
+        mg.AsyncPushSum(np.zeros(4), comm=c, receives=0)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_delay must be an integer >= 0 or None"):
             mg.PushSum(np.zeros(4), comm=c, max_delay=bad)
@@ -247,4 +252,60 @@ def test_agp_bad_arguments():
     with pytest.raises(RuntimeError, match="finish"):
         ps.drain()
     ps.finish()
+    ps.free()
+
+
+class _FakeEvent:
+    def __init__(self, log):
+        self.log, self.done = log, False
+
+    def synchronize(self):
+        self.done = True
+
+
+class _FakeCuda:
+    """Just enough of cupy.cuda for Transport's ordering of device work (no GPU needed)."""
+
+    def __init__(self):
+        self.events = []
+        cuda = self
+
+        class Stream:
+            def record(self, event):
+                cuda.events.append(event)
+                return event
+
+        self.stream = Stream()
+        self.Event = lambda disable_timing=True: _FakeEvent(cuda.events)
+
+    def get_current_stream(self):
+        return self.stream
+
+
+@pytest.mark.mpi(min_size=2)
+def test_agp_reposts_a_receive_only_after_the_combine_reading_it(monkeypatch):
+    """With device buffers handed to MPI directly (CUDA-aware), AGP's combine is a kernel that
+    reads a receive buffer asynchronously: the next Irecv into that buffer must wait for it,
+    or MPI overwrites a share the kernel has not read yet (silently wrong mass). Here the
+    receive buffers pose as device memory with a fake CUDA: every combine must record an
+    event on the slot, and the next receive posted into the slot must first wait for it."""
+    from types import SimpleNamespace
+    from mpigossip import buffers
+    c = comm()
+    fake = _FakeCuda()
+    monkeypatch.setattr(buffers, "_cupy", lambda: SimpleNamespace(cuda=fake))
+    x = np.full(64, float(c.rank))
+    ps = mg.AsyncPushSum(x, comm=c)
+    for slot in ps._slots:
+        slot.transport.buffer.on_device = True  # its kernels still run in numpy, at once
+    for _ in range(20):
+        time.sleep(1e-3)
+        ps.step()
+    ps.drain()
+    monkeypatch.undo()
+    combined = int(ps.received.sum())
+    assert combined > 0
+    assert len(fake.events) == combined, "a combine read a receive slot without recording an event"
+    waited = sum(e.done for e in fake.events)  # by Transport.memory, before the slot went to MPI again
+    assert waited >= combined - len(ps._slots), "a receive was posted into a slot a combine may still read"
     ps.free()

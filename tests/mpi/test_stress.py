@@ -188,3 +188,39 @@ def test_agp_conserves_mass_with_ranks_at_different_steps(kind, stage, slow):
                                err_msg="AGP lost mass after a drain")
     assert c.allreduce(ps.weight) == pytest.approx(c.size, rel=0, abs=1e-12)
     ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KIND_ONLY)
+def test_agp_drain_then_go_on_without_a_collective(kind, stage):
+    """AGP: rounds of steps at an uneven pace (half the steps without a pause), ranks reaching
+    ``drain()`` tens of milliseconds apart, then straight on to the next round with no
+    collective in between (as ``state_dict()`` before a checkpoint, then training). A rank that
+    has left its drain sends the next round's shares to a peer still draining: they must
+    neither count in that peer's drain (a false "received more than sent" error) nor wait on it
+    (the hang across nodes). After every drain Σx and Σw hold all the mass, checked once all
+    rounds are over (a collective in between would hide the fault)."""
+    c = comm()
+    n = min(N, 1 << 18)  # 2 MB of float64, the issue's case
+    x = make(kind, integers(100 + c.rank, -1000, 1000, n))
+    d = make(kind, integers(110 + c.rank, -2, 3, n))
+    rng = random.Random(f"agp-rounds:{c.rank}")
+    ps = mg.PushSum(x, comm=c, max_delay=None)
+    after, updates = [], 0
+    for _ in range(3):
+        for _ in range(6 + rng.randrange(6)):
+            x += d
+            updates += 1
+            if rng.random() < 0.5:
+                time.sleep(rng.random() * 4e-3)
+            ps.step()
+        time.sleep(rng.random() * 0.05)  # reach drain() up to 50 ms apart
+        ps.drain()
+        after.append((to_host(x).copy(), ps.weight, updates))
+    x0 = integers(100 + c.rank, -1000, 1000, n)
+    d0 = integers(110 + c.rank, -2, 3, n)
+    for i, (xr, wr, k) in enumerate(after):
+        np.testing.assert_allclose(global_sum(c, xr), global_sum(c, x0 + k * d0), rtol=0, atol=1e-6,
+                                   err_msg=f"AGP lost or duplicated mass in round {i}")
+        assert c.allreduce(wr) == pytest.approx(c.size, rel=0, abs=1e-12), f"round {i}: Σw"
+    ps.free()
