@@ -26,6 +26,12 @@ from ._registry import WIRE_FORMATS as FORMATS
 
 #: Values per int8 scale.
 INT8_BLOCK = 512
+#: The int8 code of a NaN or an inf (decoded as NaN): -128 is never a value (they are -127..127),
+#: and the block's scale leaves non-finite values out, so the rest of the block is unharmed.
+INT8_NONFINITE = -128
+_INT8_TINY = np.float32(128.0 / np.finfo(np.float32).max)  # floor of a block's max: 127 / it is finite
+_GOLDEN32 = 0x9E3779B1
+_WEYL = np.arange(kernels.CPU_BLOCK, dtype=np.uint32) * np.uint32(_GOLDEN32)  # j * golden, mod 2^32
 _CODES = {"bf16": 0, "fp16": 1, "int8": 2}
 _FP16_MAX = 65504.0
 
@@ -67,7 +73,6 @@ class Wire:
     def __init__(self, fmt, dtype, *, seed=0):
         self.format = check_wire(fmt, dtype)
         self.seed = int(seed)
-        self._table = None  # CPU: one block of random bits, XORed with a word per block and salt
         if self.format is None:
             raise ValueError("Wire needs a format; wire=None sends the buffer itself")
         self.dtype = np.dtype(dtype)
@@ -117,53 +122,38 @@ class Wire:
     def _encode16(self, x, wire, keep, scale, salt, offset):
         words = wire.view(np.uint16)
         as32 = x.dtype == np.float32
-        word = _mix(self.seed, salt) if keep and self.format == "bf16" else 0  # the step's random word
+        key = random_key(self.seed, salt) if keep and self.format == "bf16" else 0  # the step's key
         for lo, hi in _blocks(x.size):
             xb, qb = x[lo:hi], words[lo:hi]
             f = xb if as32 and scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
+            finite = np.isfinite(f)
+            bad = None if finite.all() else ~finite  # rare: NaN or inf in this block
             if self.format == "bf16":
                 u = f.view(np.uint32)
                 if keep:  # stochastic: add 16 random low bits, then truncate
-                    t = self._random_bits(u.size, word, offset + lo)
+                    t = random_bits(offset + lo, u.size, key)
                 else:     # to nearest even
                     t = np.right_shift(u, 16)
                     np.bitwise_and(t, 1, out=t)
                     np.add(t, 0x7FFF, out=t)
                 np.add(t, u, out=t)
                 np.right_shift(t, 16, out=t)
-                nan = np.isnan(f)
-                if nan.any():
-                    t[nan] = 0x7FC0
+                if bad is not None:
+                    t[np.isnan(f)] = 0x7FC0  # (inf encodes as inf by itself)
                 np.copyto(qb, t, casting="unsafe")
                 if keep:
                     np.left_shift(t, 16, out=t)
                     d = t.view(np.float32)
             else:
                 h = qb.view(np.float16)
-                c = np.clip(f, -_FP16_MAX, _FP16_MAX)
-                inf = np.isinf(f)
-                if inf.any():
-                    c[inf] = f[inf]  # only finite values saturate: an inf stays visible
+                c = np.clip(f, -_FP16_MAX, _FP16_MAX)  # NaN stays NaN
+                if bad is not None:
+                    c[bad] = f[bad]  # only finite values saturate: an inf stays visible
                 np.copyto(h, c, casting="unsafe")
                 if keep:
                     d = h
             if keep:
-                self._subtract(xb, d, keep)
-
-    def _random_bits(self, m, word, first):
-        """``m`` uniform random 16-bit values (uint32) for elements ``first ..``: a table of
-        ``CPU_BLOCK`` words drawn once from the seed, indexed by the element's position modulo
-        its length and XORed with ``word`` (a hash of seed and step), so that each element's
-        bits are uniform from step to step, at the cost of two passes in cache (drawing every
-        value afresh cost twice the rest of the encode)."""
-        size = kernels.CPU_BLOCK
-        if self._table is None:
-            rng = np.random.Generator(np.random.PCG64([self.seed, 0x6D67]))
-            table = rng.integers(0, 1 << 32, size=size, dtype=np.uint32)
-            self._table = np.concatenate([table, table])  # any window of `size` without wrapping
-        at = first % size
-        t = np.bitwise_xor(self._table[at:at + m], np.uint32(word & 0xFFFFFFFF))
-        return np.right_shift(t, 16, out=t)
+                self._subtract(xb, d, keep, bad)
 
     def _encode_int8(self, x, wire, keep, scale):
         n = x.size
@@ -177,26 +167,43 @@ class Wire:
             f = xb.astype(np.float32) if scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
             sb = scales[lo // INT8_BLOCK:-(-hi // INT8_BLOCK)]
             amax = np.empty(sb.size, dtype=np.float32)
-            if full:
-                np.max(np.abs(f[:full]).reshape(-1, INT8_BLOCK), axis=1, out=amax[:full // INT8_BLOCK])
-            if full < m:
-                amax[-1] = np.max(np.abs(f[full:]))
+            bad = None
+            for attempt in (0, 1):  # the second pass only for a block holding NaN or inf
+                a = np.abs(f)
+                if full:
+                    np.max(a[:full].reshape(-1, INT8_BLOCK), axis=1, out=amax[:full // INT8_BLOCK])
+                if full < m:
+                    amax[-1] = np.max(a[full:])
+                if attempt or np.isfinite(amax).all():
+                    break
+                bad = ~np.isfinite(f)  # left out of the scale, sent as INT8_NONFINITE
+                f[bad] = 0.0           # (f is a copy of the caller's values)
+            np.maximum(amax, _INT8_TINY, out=amax)  # a tiny block's 127 / max stays finite
             np.divide(amax, 127.0, out=sb)
-            inv = np.divide(127.0, amax, out=np.zeros_like(amax), where=amax > 0)
-            per = np.repeat(inv, INT8_BLOCK)[:m]
+            per = np.repeat(np.divide(127.0, amax), INT8_BLOCK)[:m]
             np.multiply(f, per, out=f)
             np.rint(f, out=f)
             np.clip(f, -127.0, 127.0, out=f)
             np.copyto(q[lo:hi], f, casting="unsafe")
+            if bad is not None:
+                q[lo:hi][bad] = INT8_NONFINITE
             if keep:
                 np.multiply(f, np.repeat(sb, INT8_BLOCK)[:m], out=f)
-                self._subtract(xb, f, keep)
+                self._subtract(xb, f, keep, bad)
 
     @staticmethod
-    def _subtract(xb, d, keep):
+    def _subtract(xb, d, keep, bad=None):
+        """``xb -= keep * d``: the sender keeps what it did not send. A non-finite element
+        (``bad``) stays as it was (NaN stays NaN, inf stays inf, not inf - inf)."""
         if keep != 1.0:
             d = np.multiply(d, keep, dtype=xb.dtype)
-        np.subtract(xb, d, out=xb, casting="unsafe")
+        if bad is None:
+            np.subtract(xb, d, out=xb, casting="unsafe")
+            return
+        kept = xb[bad]
+        with np.errstate(invalid="ignore"):  # inf - inf, put right below
+            np.subtract(xb, d, out=xb, casting="unsafe")
+        xb[bad] = kept
 
     # ------------------------------------------------------------------ decode
     def decode(self, wire, out):
@@ -242,8 +249,12 @@ class Wire:
             return wire.view(np.float16)[lo:hi].astype(np.float32)
         nb = -(-n // INT8_BLOCK)
         scales = wire[:4 * nb].view(np.float32)[lo // INT8_BLOCK:-(-hi // INT8_BLOCK)]
-        d = wire[4 * nb + lo:4 * nb + hi].view(np.int8).astype(np.float32)
+        q = wire[4 * nb + lo:4 * nb + hi].view(np.int8)
+        d = q.astype(np.float32)
         np.multiply(d, np.repeat(scales, INT8_BLOCK)[:hi - lo], out=d)
+        bad = q == INT8_NONFINITE
+        if bad.any():
+            d[bad] = np.nan
         return d
 
     # ------------------------------------------------------------------ GPU
@@ -255,10 +266,10 @@ class Wire:
             name, blocks = f"encode_int8<{t}>", min(-(-n // INT8_BLOCK), kernels.MAX_GRID)
         else:
             name, blocks = f"encode16<{t}, {_CODES[self.format]}>", kernels.grid(n)
-        seed = np.uint64(_mix(self.seed, salt))
+        key = np.uint32(random_key(self.seed, salt))
         with cupy.cuda.Device(x.device.id):
             kernels.function(x.device.id, name)((blocks,), (256,), (x, wire, np.float64(keep), np.float64(scale),
-                                                                     seed, np.int64(offset), np.int64(n)))
+                                                                     key, np.int64(offset), np.int64(n)))
 
     def _launch_decode(self, out, x, self_weight, wires, weights, z, w):
         import cupy
@@ -281,6 +292,29 @@ class Wire:
 
     def __repr__(self):
         return f"<Wire {self.format} for {self.dtype}>"
+
+
+def random_key(seed, step):
+    """The 32-bit key of one rank's (``seed``) stochastic rounding at one ``step``."""
+    return _mix(seed, step) & 0xFFFFFFFF
+
+
+def random_bits(first, m, key):
+    """The 16 random bits (uint32 values below 2^16) of elements ``first .. first + m - 1``
+    (``m <= kernels.CPU_BLOCK``) under ``key``: the top half of murmur3's 32-bit finaliser of
+    ``i * 0x9E3779B1 + key`` (mod 2^32). A pure function of (key, i), the same on CPU and GPU
+    (``random_bits`` in cuda/kernels.cu), with no period below 2^32 elements; a new key each
+    step gives each element fresh bits."""
+    h = _WEYL[:m] + np.uint32((first * _GOLDEN32 + key) & 0xFFFFFFFF)
+    t = np.right_shift(h, 16)
+    np.bitwise_xor(h, t, out=h)
+    np.multiply(h, np.uint32(0x85EBCA6B), out=h)
+    np.right_shift(h, 13, out=t)
+    np.bitwise_xor(h, t, out=h)
+    np.multiply(h, np.uint32(0xC2B2AE35), out=h)
+    np.right_shift(h, 16, out=t)
+    np.bitwise_xor(h, t, out=h)
+    return np.right_shift(h, 16, out=h)
 
 
 def _mix(*words):

@@ -214,3 +214,36 @@ def test_cupy_wire_kernels_match_numpy(dtype, fmt, k):
     code.decode_sum(do, cupy.asarray(x), 0.25, [cupy.asarray(b) for b in wires], weights, z=dz, w=0.5)
     np.testing.assert_allclose(do.get(), ho, rtol=t, atol=t)
     np.testing.assert_allclose(dz.get(), hz, rtol=t, atol=t)
+
+
+@gpu
+@pytest.mark.parametrize("fmt", list(wire.FORMATS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cupy_wire_kernels_round_and_treat_non_finite_values_as_the_cpu(fmt, dtype):
+    """One generator and one treatment of NaN/inf on CPU and GPU: bf16's stochastic rounding
+    draws the same bits for (rank, step, element) on both (the same encoded bytes, so a CPU
+    rank and a GPU rank round alike), a NaN or inf is sent non-finite in its element only
+    (CUDA's fmaxf/fminf skip NaN: a NaN once vanished into -127), and a block of tiny values
+    stays finite."""
+    import cupy
+    n = 3 * wire.INT8_BLOCK + 11
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(n) * 3).astype(dtype)
+    x[wire.INT8_BLOCK + 3], x[wire.INT8_BLOCK + 4], x[2 * wire.INT8_BLOCK + 9] = np.nan, np.inf, -np.inf
+    x[:wire.INT8_BLOCK] = np.linspace(-1e-38, 1e-38, wire.INT8_BLOCK)
+    bad = ~np.isfinite(x)
+    code = wire.Wire(fmt, dtype, seed=5)
+    hb, hx = np.empty(code.nbytes(n), np.uint8), x.copy()
+    code.encode(hx, hb, keep=0.5, salt=17, offset=wire.INT8_BLOCK * 8)
+    db, dx = cupy.empty(code.nbytes(n), np.uint8), cupy.asarray(x)
+    code.encode(dx, db, keep=0.5, salt=17, offset=wire.INT8_BLOCK * 8)
+    hd, dd = np.empty(n, dtype), cupy.empty(n, dtype)
+    code.decode(hb, hd)
+    code.decode(db, dd)
+    dd, dx = dd.get(), dx.get()
+    assert np.all(~np.isfinite(dd[bad])) and np.all(np.isfinite(dd[~bad])), "GPU: a NaN/inf moved or vanished"
+    assert np.array_equal(dx[bad], x[bad], equal_nan=True), "GPU: the sender lost its non-finite value"
+    if fmt == "bf16" and dtype == np.float32:
+        assert np.array_equal(db.get(), hb), "CPU and GPU drew different random bits"
+    step = np.nanmax(np.abs(np.where(bad, 0, x))) / 127 if fmt == "int8" else np.abs(np.where(bad, 0, x)) * 2.0 ** -7
+    np.testing.assert_allclose(dd[~bad], hd[~bad], rtol=0, atol=(step if np.isscalar(step) else step[~bad]).max() * 1.01)

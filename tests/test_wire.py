@@ -137,3 +137,113 @@ def test_bad_arguments():
         code.encode(np.zeros(4, np.float32), np.empty(3, np.uint8))
     with pytest.raises(ValueError, match="keep"):
         code.encode(np.zeros(4, np.float32), np.empty(8, np.uint8), keep=1.0, scale=0.5)
+
+
+def _with_non_finite(n, dtype, seed=5):
+    """A buffer of 3 int8 blocks and a bit, its non-finite positions (a NaN, +inf and -inf in
+    block 1, a NaN alone in block 2), and the same buffer with zeros there."""
+    rng = np.random.default_rng(seed)
+    clean = (rng.standard_normal(n) * 3).astype(dtype)
+    clean[INT8_BLOCK + 7] = 50.0  # the block's largest finite value is not at a bad position
+    x = clean.copy()
+    bad = np.zeros(n, bool)
+    for i, v in ((INT8_BLOCK + 3, np.nan), (INT8_BLOCK + 4, np.inf), (INT8_BLOCK + 5, -np.inf),
+                 (2 * INT8_BLOCK + 9, np.nan)):
+        x[i], clean[i], bad[i] = v, 0.0, True
+    return x, clean, bad
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("keep", [0.0, 1.0, 0.5])
+def test_a_non_finite_value_stays_in_its_element_and_harms_nothing_else(fmt, dtype, keep):
+    """One NaN or inf: non-finite in that element after decoding (NaN stays NaN; inf keeps its
+    sign in bf16/fp16, int8 has one spare code and sends both as NaN), every other element of its
+    block decoded exactly as without it (int8's scale leaves it out), and with the error kept
+    the sender keeps the element as it was (not inf - inf) and exactly what it did not send
+    elsewhere."""
+    if fmt != "int8" and dtype == np.float16:
+        pytest.skip("16-bit wire on a 16-bit buffer is refused")
+    n = 3 * INT8_BLOCK + 11
+    x, clean, bad = _with_non_finite(n, dtype)
+    code = Wire(fmt, dtype, seed=3)
+    y, yc = x.copy(), clean.copy()
+    buf, bufc = np.empty(code.nbytes(n), np.uint8), np.empty(code.nbytes(n), np.uint8)
+    code.encode(y, buf, keep=keep, salt=4)
+    code.encode(yc, bufc, keep=keep, salt=4)
+    d, dc = decoded(code, buf, n, dtype), decoded(code, bufc, n, dtype)
+    assert np.all(~np.isfinite(d[bad])), "a non-finite value was sent as a finite one"
+    assert np.all(np.isnan(d[bad]) == np.isnan(x[bad])) or fmt == "int8"
+    if fmt != "int8":
+        assert np.array_equal(d[bad & np.isinf(x)], x[bad & np.isinf(x)]), "inf lost its sign"
+    assert np.array_equal(d[~bad], dc[~bad]), "a non-finite value changed its neighbours"
+    if keep:
+        assert np.array_equal(y[bad], x[bad], equal_nan=True), "the sender lost its non-finite value"
+        assert np.array_equal(y[~bad], yc[~bad])
+        if keep == 1.0 and dtype != np.float16:  # (exact in the buffer's precision, as above)
+            assert np.array_equal(y[~bad].astype(np.float64) + d[~bad], x[~bad].astype(np.float64))
+
+
+def test_int8_blocks_of_tiny_values_stay_finite_and_keep_their_error():
+    """A block whose largest value is below ~1e-37 (or zero): 127 / max would overflow float32;
+    nothing may come out inf or NaN, and the kept error is still exactly what was not sent."""
+    n = 3 * INT8_BLOCK
+    x = np.zeros(n, np.float32)
+    x[:INT8_BLOCK] = np.linspace(-1e-38, 1e-38, INT8_BLOCK, dtype=np.float32)   # subnormal range
+    x[INT8_BLOCK:2 * INT8_BLOCK] = np.linspace(-2e-37, 2e-37, INT8_BLOCK, dtype=np.float32)
+    code = Wire("int8", np.float32)
+    buf = np.empty(code.nbytes(n), np.uint8)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # (a subnormal scale may underflow)
+        y = x.copy()
+        code.encode(y, buf, keep=1.0)
+        d = decoded(code, buf, n, np.float32)
+    assert np.all(np.isfinite(d)) and np.all(np.isfinite(y))
+    assert np.all(d[2 * INT8_BLOCK:] == 0)
+    assert np.array_equal(y.astype(np.float64) + d, x.astype(np.float64))
+    np.testing.assert_allclose(d, x, rtol=0, atol=2e-37 / 127)
+
+
+def test_the_random_bits_are_one_generator_with_no_short_period():
+    """wire.random_bits against the formula written out in Python (the CUDA kernel computes
+    the same: tests/test_kernels.py compares them on a GPU): per element, per step key, no
+    repeat at the old table's period, and uniform."""
+    def reference(i, key):
+        h = (i * 0x9E3779B1 + key) & 0xFFFFFFFF
+        h ^= h >> 16
+        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+        h ^= h >> 13
+        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+        h ^= h >> 16
+        return h >> 16
+    key = wire.random_key(7, 12)
+    for first in (0, 5, (1 << 32) - 3, 123456789012):
+        bits = wire.random_bits(first, 64, key)
+        assert [int(b) for b in bits] == [reference(first + j, key) for j in range(64)]
+    a = wire.random_bits(0, 1 << 15, key)
+    b = wire.random_bits(1 << 15, 1 << 15, key)
+    assert np.mean(a == b) < 0.01, "elements i and i + 32768 share their bits"
+    assert abs(a.mean() / 65535 - 0.5) < 0.01
+    assert np.mean(wire.random_bits(0, 1 << 15, wire.random_key(7, 13)) == a) < 0.01, "the step is ignored"
+    assert np.mean(wire.random_bits(0, 1 << 15, wire.random_key(8, 12)) == a) < 0.01, "the rank is ignored"
+
+
+def test_bf16_stochastic_rounding_draws_new_bits_every_step_both_ways():
+    """The same value a quarter of the way up, encoded at many steps: each element rounds up
+    in about a quarter of the steps (not always the same way: the step is not ignored), and
+    the mean of the decoded values over steps is the value itself (unbiased)."""
+    lo, up = np.float32(1.0), np.float32(1.0 + 2.0 ** -7)
+    x = np.full(4096, lo + np.float32(2.0 ** -7) / 4, np.float32)
+    code = Wire("bf16", np.float32, seed=2)
+    buf = np.empty(code.nbytes(x.size), np.uint8)
+    ups = []
+    for step in range(64):
+        code.encode(x.copy(), buf, keep=0.5, salt=step)
+        d = decoded(code, buf, x.size, np.float32)
+        assert set(np.unique(d)) <= {lo, up}
+        ups.append(d == up)
+    ups = np.array(ups)
+    per_element = ups.mean(axis=0)
+    assert 0.0 < per_element.min() and per_element.max() < 1.0 or abs(per_element.mean() - 0.25) < 0.01
+    assert np.mean((per_element > 0) & (per_element < 1)) > 0.99, "elements round the same way at every step"
+    assert abs(ups.mean() - 0.25) < 0.01
+    assert not np.array_equal(ups[0], ups[1]), "two steps drew the same bits"

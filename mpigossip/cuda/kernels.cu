@@ -227,6 +227,8 @@ __global__ void outer(T* a, T* x, T* m, const double lr, const double mu, const 
 // rounding error: x -= keep * decode(wire) in the same pass (PushSum's exact mass). The
 // encoded value is scale * x (AllReduce's pre-scaling; keep is 0 then).
 #define QBLOCK 512
+#define QNONFINITE (-128)                  // mpigossip.wire.INT8_NONFINITE
+#define QTINY 3.7615824e-37f               // mpigossip.wire._INT8_TINY: 128 / FLT_MAX
 
 __device__ __forceinline__ float bf16_decode(const unsigned short b) {
     return __uint_as_float(static_cast<unsigned int>(b) << 16);
@@ -235,16 +237,20 @@ __device__ __forceinline__ float bf16_decode(const unsigned short b) {
 // 16 random low bits added before truncating.
 __device__ __forceinline__ unsigned short bf16_encode(const float f, const int stochastic, const unsigned int bits) {
     unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays NaN
-    u += stochastic ? (bits & 0xffffu) : 0x7fffu + ((u >> 16) & 1u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays NaN (and inf inf: no carry out)
+    u += stochastic ? bits : 0x7fffu + ((u >> 16) & 1u);
     return static_cast<unsigned short>(u >> 16);
 }
-// splitmix64 of (seed, i): the random bits of element i (no state, any thread order).
-__device__ __forceinline__ unsigned int random_bits(const unsigned long long seed, const long long i) {
-    unsigned long long z = seed + static_cast<unsigned long long>(i) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return static_cast<unsigned int>(z ^ (z >> 31));
+// The 16 random bits of element i under a step's key (mpigossip.wire.random_bits, bit for bit):
+// the top half of murmur3's 32-bit finaliser of i * 0x9E3779B1 + key (mod 2^32).
+__device__ __forceinline__ unsigned int random_bits(const unsigned int key, const long long i) {
+    unsigned int h = static_cast<unsigned int>(i) * 0x9E3779B1u + key;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h >> 16;
 }
 __device__ __forceinline__ float fp16_saturate(const float f) {
     return (f != f || isinf(f)) ? f : fminf(fmaxf(f, -65504.0f), 65504.0f);  // NaN and inf stay
@@ -264,6 +270,7 @@ template <> __device__ __forceinline__ float wire_value<2>(const unsigned char* 
                                                            const long long n) {
     const long long blocks = (n + QBLOCK - 1) / QBLOCK;
     const signed char q = reinterpret_cast<const signed char*>(wire + 4 * blocks)[i];
+    if (q == QNONFINITE) return __int_as_float(0x7fc00000);  // a NaN or inf was sent: NaN
     return static_cast<float>(q) * reinterpret_cast<const float*>(wire)[i / QBLOCK];
 }
 
@@ -271,14 +278,14 @@ template <> __device__ __forceinline__ float wire_value<2>(const unsigned char* 
 // rounds stochastically, see mpigossip/wire.py).
 template <typename T, int F>
 __global__ void encode16(T* x, unsigned char* wire, const double keep, const double scale,
-                         const unsigned long long seed, const long long offset, const long long n) {
+                         const unsigned int key, const long long offset, const long long n) {
     typedef typename Acc<T>::type A;
     GRID_STRIDE(i, n) {
         const A v = load<T>(x[i]) * static_cast<A>(scale);
         float d;
         if (F == 0) {
             const unsigned short b = bf16_encode(static_cast<float>(v), keep != 0.0,
-                                                 keep != 0.0 ? random_bits(seed, offset + i) : 0u);
+                                                 keep != 0.0 ? random_bits(key, offset + i) : 0u);
             reinterpret_cast<unsigned short*>(wire)[i] = b;
             d = bf16_decode(b);
         } else {
@@ -286,14 +293,18 @@ __global__ void encode16(T* x, unsigned char* wire, const double keep, const dou
             reinterpret_cast<__half*>(wire)[i] = h;
             d = __half2float(h);
         }
-        if (keep != 0.0) x[i] = store<T>(v - static_cast<A>(keep) * static_cast<A>(d));
+        // the sender keeps what it did not send; a NaN or inf stays as it is (not inf - inf)
+        if (keep != 0.0 && isfinite(static_cast<double>(v))) x[i] = store<T>(v - static_cast<A>(keep) * static_cast<A>(d));
     }
 }
 
 // int8: one thread block of 256 threads per QBLOCK elements (grid-stride over the blocks):
-// scale = max |x| / 127 over the block, q = rint(x / scale).
+// m = max(max |x| over the block's finite values, QTINY), scale = m / 127, q = rint(x / scale);
+// a NaN or inf is sent as QNONFINITE and left out of m (the rest of the block is unharmed).
+// key and offset: the same arguments as encode16 (unused: int8 rounds to nearest).
 template <typename T>
-__global__ void encode_int8(T* x, unsigned char* wire, const double keep, const double scale, const long long n) {
+__global__ void encode_int8(T* x, unsigned char* wire, const double keep, const double scale,
+                            const unsigned int key, const long long offset, const long long n) {
     typedef typename Acc<T>::type A;
     __shared__ float warp_max[8];
     const long long blocks = (n + QBLOCK - 1) / QBLOCK;
@@ -304,23 +315,25 @@ __global__ void encode_int8(T* x, unsigned char* wire, const double keep, const 
         const float s = static_cast<float>(scale);
         const float v0 = i0 < n ? s * static_cast<float>(load<T>(x[i0])) : 0.0f;
         const float v1 = i1 < n ? s * static_cast<float>(load<T>(x[i1])) : 0.0f;
-        float m = fmaxf(fabsf(v0), fabsf(v1));
+        const bool ok0 = isfinite(v0), ok1 = isfinite(v1);
+        float m = fmaxf(ok0 ? fabsf(v0) : 0.0f, ok1 ? fabsf(v1) : 0.0f);
         for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
         if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
         __syncthreads();
         m = warp_max[0];
         for (int w = 1; w < 8; ++w) m = fmaxf(m, warp_max[w]);
-        const float q_scale = m / 127.0f, inv = m > 0.0f ? 127.0f / m : 0.0f;
+        m = fmaxf(m, QTINY);  // 127 / m stays finite for a block of tiny (or zero) values
+        const float q_scale = m / 127.0f, inv = 127.0f / m;
         if (threadIdx.x == 0) scales[b] = q_scale;
         if (i0 < n) {
             const float r = fminf(fmaxf(rintf(v0 * inv), -127.0f), 127.0f);
-            q[i0] = static_cast<signed char>(r);
-            if (keep != 0.0) x[i0] = store<T>(load<T>(x[i0]) - static_cast<A>(keep) * static_cast<A>(r * q_scale));
+            q[i0] = ok0 ? static_cast<signed char>(r) : static_cast<signed char>(QNONFINITE);
+            if (keep != 0.0 && ok0) x[i0] = store<T>(load<T>(x[i0]) - static_cast<A>(keep) * static_cast<A>(r * q_scale));
         }
         if (i1 < n) {
             const float r = fminf(fmaxf(rintf(v1 * inv), -127.0f), 127.0f);
-            q[i1] = static_cast<signed char>(r);
-            if (keep != 0.0) x[i1] = store<T>(load<T>(x[i1]) - static_cast<A>(keep) * static_cast<A>(r * q_scale));
+            q[i1] = ok1 ? static_cast<signed char>(r) : static_cast<signed char>(QNONFINITE);
+            if (keep != 0.0 && ok1) x[i1] = store<T>(load<T>(x[i1]) - static_cast<A>(keep) * static_cast<A>(r * q_scale));
         }
         __syncthreads();  // warp_max is rewritten for the next block
     }

@@ -201,3 +201,35 @@ def test_compressed_pushsum_resumes_bit_for_bit(mode):
         run(b, 3)
         assert b.steps == 6 and b.weight == a.weight
     assert np.array_equal(x, y)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("how", ["allreduce", "pushsum"])
+def test_a_non_finite_value_on_one_rank_stays_in_its_element(fmt, bad, how):
+    """One NaN (or inf) on rank 0, as a diverging gradient or a mixed-precision loss scaler's
+    overflow brings: after a compressed AllReduce or PushSum step it is non-finite in that
+    element on every rank that receives it (as MPI's float32 Allreduce leaves it: no silent
+    finite value), and every other element is what the same step gives without it."""
+    c = comm()
+    n, at = 3 * INT8_BLOCK + 77, INT8_BLOCK + 10
+    results = []
+    for poisoned in (False, True):
+        x = data(c, n, np.float32)
+        if poisoned and c.rank == 0:
+            x[at] = bad
+        if how == "allreduce":
+            avg = mg.AllreduceAverager(x, comm=c, wire=fmt)
+            avg.average()
+        else:
+            avg = mg.PushSum(x, comm=c, topology=T.CompleteGraph(), wire=fmt, chunk_bytes=8 * INT8_BLOCK)
+            avg.step()
+        avg.free()
+        results.append(x)
+    clean, dirty = results
+    assert not np.isfinite(dirty[at]), f"rank {c.rank}: the {bad} became {dirty[at]}"
+    if bad == np.inf and fmt != "int8" and how == "allreduce":
+        assert dirty[at] == np.inf  # (int8 sends any non-finite value as NaN)
+    others = np.arange(n) != at
+    assert np.array_equal(dirty[others], clean[others]), "a non-finite value changed other elements"
