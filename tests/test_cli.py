@@ -100,3 +100,21 @@ def test_a_task_of_a_launch_without_process_manager_stops(tmp_path, command):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "started 2 tasks (SLURM_STEP_NUM_TASKS=2) but MPI gives this one a world of 1" in proc.stderr
     assert "srun --mpi=pmix" in proc.stderr and not os.listdir(tmp_path)
+
+
+def test_a_run_in_the_batch_scripts_own_shell_warns_once_and_trains(tmp_path):
+    """`python -m mpigossip train` typed straight into an sbatch script of 2 tasks (no srun):
+    one process, a world of 1, in an allocation of 2 tasks. Legitimate for a one-rank try, so it
+    trains, but it says so in one warning line naming srun; without SLURM_NTASKS, no word."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
+    for ntasks, warned in (("2", True), (None, False)):
+        env = dict(base, **({"SLURM_NTASKS": ntasks, "SLURM_JOB_ID": "7"} if ntasks else {}))
+        out = tmp_path / str(ntasks)
+        proc = subprocess.run([sys.executable, "-m", "mpigossip", "train", "--quiet", "--steps", "3",
+                               "--out", str(out)], capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if "warning: training alone" in line]
+        assert len(lines) == (1 if warned else 0), proc.stderr
+        if warned:
+            assert "srun" in lines[0] and "SLURM_NTASKS=2" in lines[0]
+        assert (out / "summary.json").exists()

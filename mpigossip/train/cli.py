@@ -255,6 +255,18 @@ def check_launch(world_size):
                          "(`python -m mpigossip info` names it)")
 
 
+def alone_in_allocation(world_size):
+    """The warning (one line) for a world of one rank started in a Slurm allocation of several
+    tasks without ``srun`` (the batch script's own shell runs ``python -m mpigossip train``):
+    legitimate for a one-rank try, but most likely a forgotten ``srun``. None otherwise."""
+    tasks = os.environ.get("SLURM_NTASKS", "")
+    if world_size != 1 or launched_tasks() or not tasks.isdigit() or int(tasks) <= 1:
+        return None
+    return (f"python -m mpigossip: warning: training alone (1 rank) in a Slurm allocation of {tasks} tasks "
+            f"(SLURM_NTASKS={tasks}): launch with `srun --mpi=pmix python -m mpigossip ...` (or mpirun) "
+            "to train on all of them")
+
+
 def launcher_rank():
     """This process's rank as the launcher announces it, or None when not launched by MPI."""
     for key in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):

@@ -25,8 +25,8 @@ from ..info import gpu_count, local_rank, placement
 from . import checkpoint
 from . import data as data_mod
 from . import models
-from .cli import (DEFAULTS, UsageError, algorithms_of, check_arguments, check_launch, parse_straggler,
-                  topology_name)
+from .cli import (DEFAULTS, UsageError, algorithms_of, alone_in_allocation, check_arguments, check_launch,
+                  parse_straggler, topology_name)
 from .evaluate import Evaluator, reduce
 from .stop import StopAgreement
 
@@ -283,6 +283,9 @@ def fail(comm, message, code):
 def check_world(args, algorithms, lrs, comm):
     """The full check of the flags, now that the world size and the GPUs are known."""
     check_launch(comm.Get_size())
+    warning = alone_in_allocation(comm.Get_size())
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     check_arguments(args, algorithms, lrs, comm.Get_size())
     if args.device == "cuda" and gpu_count() == 0:
         raise UsageError("--device cuda: no CUDA GPU is visible")
