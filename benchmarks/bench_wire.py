@@ -44,7 +44,7 @@ def arithmetic_ms(n, fmt, repeats=5):
     ours, plain = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        code.encode(x, wire, keep=0.5)
+        code.encode(x, wire, share=0.5)
         code.decode_sum(x, x, 1.0, [wire], [0.5])
         ours.append(time.perf_counter() - t0)
         t0 = time.perf_counter()

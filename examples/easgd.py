@@ -14,9 +14,10 @@ problem = LeastSquares(comm)
 x = np.zeros(problem.dim)
 with mg.ParameterServer(problem.dim, np.float64, comm=comm, servers=1, init=x) as server:
     if "--async" in sys.argv:
-        worker = mg.AsyncSGD(x, server)
+        worker = mg.AsyncSGD(x, server, share=1 / comm.size)  # each pushes 1/P of its update
         for step in range(300):
-            worker.step(-0.05 / comm.size * problem.gradient(x))  # push -lr*g, pull the center
+            x -= 0.05 * problem.gradient(x)
+            worker.step()  # push (x - x_pulled) / P, pull the center into x
     else:
         worker = mg.Every(mg.ElasticAveraging(x, server, beta=0.9), 4)  # every 4th step; each moves by 0.9 / P
         for step in range(600):

@@ -96,45 +96,24 @@ def _renamed(old, new, owner):
     return property(get, put, doc=f"Deprecated name of :attr:`{new}`.")
 
 
-class Steps:
-    """The interface every averaging object meets (communicators and parameter-server workers):
+class Stateful:
+    """What every object of the package that owns state shares: ``state_dict()`` /
+    ``load_state_dict()`` (its counters and its own state, after a ``drain()``), ``free()`` and
+    ``with``, and deprecated aliases of old names (``_renamed``: old -> new, a
+    ``DeprecationWarning`` on use)."""
 
-    * ``step()``: one step of the algorithm (the one verb; blocking where the algorithm is);
-    * ``start()`` / ``finish()``: the same step split around the caller's computation. Where
-      the algorithm has no overlap variant, ``start()`` runs the whole step and ``finish()``
-      does nothing, so code written for the pair runs with every class;
-    * ``drain()``: complete everything in flight (before a checkpoint, an evaluation or the
-      end; collective where the class says so); a no-op where nothing can be in flight;
-    * ``steps``: steps taken, the one counter every class keeps (``_counters`` names the
-      others a class keeps, e.g. ``exchanges``);
-    * ``state_dict()`` / ``load_state_dict()``: the counters and the class's own state
-      (e.g. PushSum's weight), after a ``drain()``; the buffer itself is the caller's to save.
-
-    Old names are kept as deprecated aliases (``_renamed``: old -> new, a ``DeprecationWarning``
-    on use)."""
-
-    _name = "Steps"
-    _counters = ("steps",)
+    _name = "Stateful"
+    _counters = ()
     _state_keys = ()  # the keys _state() adds
     _renamed = {}
-    steps = 0
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for old, new in cls.__dict__.get("_renamed", {}).items():
             setattr(cls, old, _renamed(old, new, cls.__name__))
 
-    def step(self):
-        """One step of the algorithm."""
-        raise NotImplementedError(f"{self._name}.step()")
-
-    def start(self):
-        """Begin a step (here: the whole step; classes with an overlap variant override)."""
-        self.step()
-
-    def finish(self):
-        """Complete the step begun by :meth:`start` as far as the algorithm requires."""
-        self._check_open()
+    def _check_open(self):
+        """Raise if freed (override)."""
 
     def drain(self):
         """Complete everything in flight (nothing here)."""
@@ -182,18 +161,54 @@ class Steps:
         self.free()
 
 
+class Steps(Stateful):
+    """The interface every averaging object meets (communicators, parameter-server workers and
+    the wrappers over them):
+
+    * ``step()``: one step of the algorithm (the one verb; no argument; returns None;
+      blocking where the algorithm is);
+    * ``start()`` / ``finish()``: the same step split around the caller's computation. Where
+      the algorithm has no overlap variant, ``start()`` runs the whole step and ``finish()``
+      does nothing, so code written for the pair runs with every class;
+    * ``drain()``: complete everything in flight (before a checkpoint, an evaluation or the
+      end; collective where the class says so); a no-op where nothing can be in flight;
+    * ``steps``: steps taken, the one counter every class keeps (``_counters`` names the
+      others a class keeps, e.g. ``exchanges``);
+    * ``state_dict()`` / ``load_state_dict()``: the counters and the class's own state
+      (e.g. PushSum's weight), after a ``drain()``; the buffer itself is the caller's to save.
+
+    A wrapper that communicates on some steps only (:class:`~mpigossip.Every`,
+    :class:`~mpigossip.Outer`) says whether the last step did in ``exchanged``."""
+
+    _name = "Steps"
+    _counters = ("steps",)
+    steps = 0
+
+    def step(self):
+        """One step of the algorithm."""
+        raise NotImplementedError(f"{self._name}.step()")
+
+    def start(self):
+        """Begin a step (here: the whole step; classes with an overlap variant override)."""
+        self.step()
+
+    def finish(self):
+        """Complete the step begun by :meth:`start` as far as the algorithm requires."""
+        self._check_open()
+
+
 _NO_WIRE = object()  # _check_buffer of a communicator without a wire= keyword
 
-class Communicator(Steps):
-    """Base of the communicators. Owns ``self.comm``, a duplicate of the user's communicator,
-    so mpigossip's messages never match the user's own.
+class MPIObject(Stateful):
+    """Owns ``self.comm``, a duplicate of the user's communicator, so mpigossip's messages
+    never match the user's own; a timeout; a safe end of life (see the module).
 
     With ``dup=False`` it uses ``comm`` as it is and never frees it: for several communicators
     of one owner sharing one private duplicate (context ids are finite: a model's hundreds of
     gradient buckets must not take one each). Their collectives must then start in the same
     order on every rank."""
 
-    _name = "Communicator"
+    _name = "MPIObject"
 
     def __init__(self, comm, timeout, *, dup=True):
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
@@ -223,12 +238,6 @@ class Communicator(Steps):
                 _dropped.append(self)
         except AttributeError:  # construction failed before the communicator existed
             pass
-
-    @classmethod
-    def _hierarchical_error(cls, options):
-        """Why this class cannot run between nodes in :class:`~mpigossip.Hierarchical` with
-        ``options``, or None."""
-        return None
 
     def _validate(self, error):
         """Collective: raise the same ``ValueError`` on every rank if any rank has an ``error``.
@@ -292,3 +301,16 @@ class Communicator(Steps):
     def free(self):
         """Release the MPI resources (collective over the communicator)."""
         self._free_comm()
+
+
+class Communicator(Steps, MPIObject):
+    """Base of the averaging communicators: the :class:`Steps` interface over an
+    :class:`MPIObject`."""
+
+    _name = "Communicator"
+
+    @classmethod
+    def _hierarchical_error(cls, options):
+        """Why this class cannot run between nodes in :class:`~mpigossip.Hierarchical` with
+        ``options``, or None."""
+        return None

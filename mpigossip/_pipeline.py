@@ -67,7 +67,7 @@ class Pipeline:
             self._pipe.append(buffers.Transport(memory, stage=self._stage, cuda_aware=self._cuda_aware))
         return self._pipe[index]
 
-    def _post_sends(self, bounds, outs, tag, keep, step):
+    def _post_sends(self, bounds, outs, tag, share, step):
         """Post every chunk's sends: ``x`` itself, or each chunk's wire bytes encoded just before."""
         comm, buf = self.owner.comm, self.owner.buffer
         if self.wire is None:
@@ -82,7 +82,7 @@ class Pipeline:
         sends = []
         for lo, hi in bounds:
             at = code.offset(lo)
-            code.encode(x[lo:hi], send.buffer.array[at:at + code.nbytes(hi - lo)], keep=keep, salt=step,
+            code.encode(x[lo:hi], send.buffer.array[at:at + code.nbytes(hi - lo)], share=share, salt=step,
                         offset=lo)
             if send.staged:  # one piece: copied to the host once every chunk is encoded
                 sends.append([])

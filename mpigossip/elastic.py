@@ -1,6 +1,7 @@
 """Workers of the parameter server: Elastic Averaging SGD and asynchronous (Downpour) SGD."""
 
 import numbers
+import warnings
 
 from . import buffers, kernels
 from ._base import Steps
@@ -67,7 +68,7 @@ class ElasticAveraging(_Worker):
     """
 
     _name = "ElasticAveraging"
-    _renamed = {"calls": "steps", "exchanges": "steps"}
+    _renamed = {"calls": "steps", "exchanges": "steps"}  # deprecated (one counter: steps)
 
     def __new__(cls, *args, tau=1, **kwargs):
         return new_with_tau(cls, super(), args, kwargs, tau)
@@ -97,35 +98,68 @@ class ElasticAveraging(_Worker):
         self.buffer.release()
         self.steps += 1
 
-    def exchange(self):
-        """The elastic exchange (:meth:`step`)."""
-        self.step()
-
     def __repr__(self):
         return (f"<ElasticAveraging beta={self.beta} alpha={self.alpha:.6g} workers={self.workers} "
                 f"steps={self.steps} {self.server!r}>")
 
 
 class AsyncSGD(_Worker):
-    """Downpour-style asynchronous SGD worker: push an update, pull the center into ``x``.
+    """Downpour-style asynchronous SGD worker: push the local update, pull the center into ``x``.
 
-    ``step(delta)`` does ``center += delta`` (e.g. ``delta = -lr * grad``) and then
-    ``x = center``.
+    The caller updates ``x`` locally (its optimizer step); ``step()`` pushes ``share`` times
+    what ``x`` moved since the last pull, ``center += share * (x - x_pulled)``, then pulls
+    ``x = center``. With ``share = 1 / P`` (P workers) one round of P pushes moves the center
+    by the mean update, as AllReduce SGD would; whole updates (``share=1``) multiply the
+    effective learning rate by P. Memory: two scratch copies of ``x``.
+
+    Args:
+        x: this worker's parameters (numpy/cupy/torch), updated in place.
+        server: the :class:`ParameterServer` holding the center.
+        share: the part of the local update pushed, in (0, 1] (default 1).
     """
 
     _name = "AsyncSGD"
 
-    def __init__(self, x, server):
+    def __init__(self, x, server, *, share=1.0):
+        if isinstance(share, bool) or not isinstance(share, numbers.Real) or not 0 < share <= 1:
+            raise ValueError(f"AsyncSGD: share must be in (0, 1], got {share!r}")
         self.buffer = _check_worker(x, server, "AsyncSGD")
-        self.server = server
+        self.server, self.share = server, float(share)
+        self._pulled = buffers.scratch(self.buffer)  # x as last pulled (the start: x itself)
+        self._delta = buffers.scratch(self.buffer)
+        self.buffer.acquire()
+        kernels.weighted_sum(self._pulled.array, self.buffer.array, 1.0)
+        self.buffer.release()
         self.steps = 0
 
-    def step(self, delta):
-        """``center += delta``, then ``x = center``."""
+    def step(self, delta=None):
+        """``center += share * (x - x_pulled)``, then ``x = center``. (``step(delta)``, deprecated:
+        push ``delta`` itself.)"""
         self._check_open()
-        self.server.push(delta)
+        x = self.buffer.array
+        self.buffer.acquire()  # the user's pending writes to x come first
+        if delta is not None:
+            warnings.warn("AsyncSGD.step(delta) is deprecated: update x, then call step()", DeprecationWarning,
+                          stacklevel=2)
+            self.server.push(delta)
+        else:
+            kernels.weighted_sum(self._delta.array, x, self.share, [self._pulled.array], [-self.share])
+            self.server.push(self._delta.array)  # waits for the kernel (device-to-host copy)
         self.server.pull(self.buffer.obj)
+        kernels.weighted_sum(self._pulled.array, x, 1.0)
+        self.buffer.release()
         self.steps += 1
 
+    def _load_state(self, state):
+        """``x`` is restored first (it is the caller's: a checkpoint holds x as last pulled):
+        pushes go on from it."""
+        self.buffer.acquire()
+        kernels.weighted_sum(self._pulled.array, self.buffer.array, 1.0)
+        self.buffer.release()
+
+    def free(self):
+        self._pulled = self._delta = None
+        super().free()
+
     def __repr__(self):
-        return f"<AsyncSGD steps={self.steps} {self.server!r}>"
+        return f"<AsyncSGD share={self.share:g} steps={self.steps} {self.server!r}>"

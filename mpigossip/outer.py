@@ -131,6 +131,7 @@ class Outer(Steps):
         self._anchor[...] = self.buffer.array  # the starting point is the first anchor
         self.buffer.release()
         self.steps = self.exchanges = 0
+        self.exchanged = False  # whether the last step averaged
 
     @property
     def plain(self):
@@ -142,13 +143,13 @@ class Outer(Steps):
         return averages_at(self.steps + 1, self.inner_steps, self.warmup)
 
     def step(self):
-        """Count a local step; on an outer step, average and update the anchor. Returns
-        whether this step averaged."""
+        """Count a local step; on an outer step, average and update the anchor (then
+        ``exchanged`` is True until the next step)."""
         self._check_open()
-        due = self.due()
+        self.exchanged = self.due()
         self.steps += 1
-        if not due:
-            return False
+        if not self.exchanged:
+            return
         self.averager.step()
         self.buffer.acquire()
         update(self._anchor, self.buffer.array, self._momentum, lr=self.lr, mu=self.momentum, nesterov=self.nesterov,
@@ -156,7 +157,6 @@ class Outer(Steps):
                w=float(getattr(self.averager, "weight", 1.0)))  # PushSum: the model is x / w
         self.buffer.release()
         self.exchanges += 1
-        return True
 
     def drain(self):
         self.averager.drain()

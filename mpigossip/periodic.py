@@ -32,6 +32,7 @@ class Every(Steps):
         check_integer(k, "k", 1, owner="Every")
         self.inner, self.k = inner, k
         self.steps = 0
+        self.exchanged = False  # whether the last step ran inner's
         self._inner_started = False
 
     @property
@@ -46,20 +47,21 @@ class Every(Steps):
     def _due(self):
         return (self.steps + 1) % self.k == 0
 
-    def step(self, *args):
-        """Count a step; on every ``k``-th, run ``inner.step(*args)``. Returns whether it did."""
+    def step(self):
+        """Count a step; on every ``k``-th, run ``inner.step()`` (then ``exchanged`` is True
+        until the next step)."""
         self._check_open()
-        due = self._due()
+        self.exchanged = self._due()
         self.steps += 1
-        if due:
-            self.inner.step(*args)
-        return due
+        if self.exchanged:
+            self.inner.step()
 
     def start(self):
         self._check_open()
         if self._inner_started:
             raise RuntimeError("Every.start(): call finish() before the next start()")
-        if self._due():
+        self.exchanged = self._due()
+        if self.exchanged:
             self.inner.start()
             self._inner_started = True
 

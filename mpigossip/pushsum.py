@@ -203,7 +203,7 @@ class PushSum(PushSumBase):
             send = self._send[index]
             self.buffer.acquire()
             if self._code is not None:     # send = encoded x, x -= (1 - p) decoded; peers scale
-                self._code.encode(self.buffer.array, send.buffer.array, keep=1.0 - p, salt=k)
+                self._code.encode(self.buffer.array, send.buffer.array, share=1.0 - p, salt=k)
                 wbuf = np.array([self.weight], dtype=np.float64)
                 self.weight *= p
             elif _uniform(p, out_weights):  # x = p x, send = p x: every out-peer takes it as is

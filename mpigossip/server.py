@@ -28,12 +28,16 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, deadline, kernels, rma
-from ._base import Communicator, shard_bounds
+from ._base import MPIObject, shard_bounds
 from ._checks import check_integer
 
 
-class ParameterServer(Communicator):
+class ParameterServer(MPIObject):
     """A center variable in RMA windows, sharded over ``servers`` ranks.
+
+    Not an averaging object itself (it has no ``step()``): its workers,
+    :class:`~mpigossip.ElasticAveraging` and :class:`~mpigossip.AsyncSGD`, step. It has the
+    package's state and life cycle (``state_dict()``, ``free()``, ``with``).
 
     Args:
         size: number of elements of the center variable (same on every rank).
@@ -51,10 +55,6 @@ class ParameterServer(Communicator):
     _name = "ParameterServer"
     _counters = ("pushes", "pulls")
     _state_keys = ("center",)
-
-    def step(self):
-        raise TypeError("ParameterServer has no step: its workers (ElasticAveraging, AsyncSGD) step; "
-                        "it holds the center (push, pull, serve)")
 
     def _state(self):
         """The center, as this rank reads it (every rank holds a whole copy)."""

@@ -12,8 +12,8 @@ A communicator that sends the model takes ``wire=`` (the same keyword everywhere
 
 :class:`Wire` is the arithmetic, fused as the communicators need it (one pass each, on the
 CPU block by block in cache, on the GPU one kernel): :meth:`Wire.encode` writes the wire
-bytes of a chunk and can keep the rounding error in the sender's buffer (``x -= keep *
-decoded``, so that PushSum's mass is exact; bf16 then rounds stochastically, see
+bytes of a chunk and, given the ``share`` of it that leaves, keep the rounding error in the
+sender's buffer (``x -= share * decoded``, so that PushSum's mass is exact; bf16 then rounds stochastically, see
 :class:`Wire`), :meth:`Wire.decode_sum` adds received wire
 bytes into the buffer in its own precision. A chunk's bytes: bf16/fp16 ``2 n``; int8 the
 ``ceil(n / INT8_BLOCK)`` scales, then the ``n`` values.
@@ -62,7 +62,7 @@ class Wire:
         seed: of the stochastic rounding (give each rank its own: the communicators use
             their rank).
 
-    When the encode keeps the error (``keep``), bf16 rounds stochastically (up with the
+    When the encode keeps the error (a ``share`` leaves), bf16 rounds stochastically (up with the
     probability of the distance to the lower value): with the error kept, a fixed grid
     rounding to nearest would let two ranks whose values differ by less than the grid
     spacing see the same value, and stop averaging that difference (measured: SGP on
@@ -97,32 +97,32 @@ class Wire:
         return max(self.align, chunk // self.align * self.align)
 
     # ------------------------------------------------------------------ encode
-    def encode(self, x, wire, *, keep=0.0, scale=1.0, salt=0, offset=0):
+    def encode(self, x, wire, *, share=0.0, scale=1.0, salt=0, offset=0):
         """Write the wire bytes of ``scale * x`` into ``wire`` (``self.nbytes(x.size)`` uint8);
-        if ``keep``, also ``x -= keep * decoded`` in the same pass (the error stays in ``x``;
-        only with ``scale=1``). The random bits of a stochastic rounding are a function of
+        if ``share`` (the part of ``x`` that leaves), also ``x -= share * decoded`` in the same
+        pass (the error stays in ``x``; only with ``scale=1``). The random bits of a stochastic rounding are a function of
         (seed, ``salt``, ``offset`` + index), ``salt`` the step and ``offset`` the chunk's first
         element in the whole buffer: the same however the buffer is cut into chunks, and a
         run resumed from a checkpoint draws the bits of one never interrupted."""
-        if keep and scale != 1.0:
-            raise ValueError("encode: keep needs scale=1")
+        if share and scale != 1.0:
+            raise ValueError("encode: share needs scale=1")
         n = x.size
         if wire.size != self.nbytes(n) or wire.dtype != np.uint8:
             raise ValueError(f"wire buffer of {wire.size} {wire.dtype} for {n} values; need {self.nbytes(n)} uint8")
         if x.dtype != self.dtype:
             raise ValueError(f"encode: {x.dtype} buffer for a {self.dtype} wire")
         if not isinstance(x, np.ndarray):
-            self._launch_encode(x, wire, keep, scale, salt, offset)
+            self._launch_encode(x, wire, share, scale, salt, offset)
         elif self.format == "int8":
-            self._encode_int8(x, wire, keep, scale)
+            self._encode_int8(x, wire, share, scale)
         else:
-            self._encode16(x, wire, keep, scale, salt, offset)
+            self._encode16(x, wire, share, scale, salt, offset)
         return wire
 
-    def _encode16(self, x, wire, keep, scale, salt, offset):
+    def _encode16(self, x, wire, share, scale, salt, offset):
         words = wire.view(np.uint16)
         as32 = x.dtype == np.float32
-        key = random_key(self.seed, salt) if keep and self.format == "bf16" else 0  # the step's key
+        key = random_key(self.seed, salt) if share and self.format == "bf16" else 0  # the step's key
         for lo, hi in _blocks(x.size):
             xb, qb = x[lo:hi], words[lo:hi]
             f = xb if as32 and scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
@@ -130,7 +130,7 @@ class Wire:
             bad = None if finite.all() else ~finite  # rare: NaN or inf in this block
             if self.format == "bf16":
                 u = f.view(np.uint32)
-                if keep:  # stochastic: add 16 random low bits, then truncate
+                if share:  # stochastic: add 16 random low bits, then truncate
                     t = random_bits(offset + lo, u.size, key)
                 else:     # to nearest even
                     t = np.right_shift(u, 16)
@@ -141,7 +141,7 @@ class Wire:
                 if bad is not None:
                     t[np.isnan(f)] = 0x7FC0  # (inf encodes as inf by itself)
                 np.copyto(qb, t, casting="unsafe")
-                if keep:
+                if share:
                     np.left_shift(t, 16, out=t)
                     d = t.view(np.float32)
             else:
@@ -150,12 +150,12 @@ class Wire:
                 if bad is not None:
                     c[bad] = f[bad]  # only finite values saturate: an inf stays visible
                 np.copyto(h, c, casting="unsafe")
-                if keep:
+                if share:
                     d = h
-            if keep:
-                self._subtract(xb, d, keep, bad)
+            if share:
+                self._subtract(xb, d, share, bad)
 
-    def _encode_int8(self, x, wire, keep, scale):
+    def _encode_int8(self, x, wire, share, scale):
         n = x.size
         nb = -(-n // INT8_BLOCK)
         scales = wire[:4 * nb].view(np.float32)
@@ -187,16 +187,16 @@ class Wire:
             np.copyto(q[lo:hi], f, casting="unsafe")
             if bad is not None:
                 q[lo:hi][bad] = INT8_NONFINITE
-            if keep:
+            if share:
                 np.multiply(f, np.repeat(sb, INT8_BLOCK)[:m], out=f)
-                self._subtract(xb, f, keep, bad)
+                self._subtract(xb, f, share, bad)
 
     @staticmethod
-    def _subtract(xb, d, keep, bad=None):
-        """``xb -= keep * d``: the sender keeps what it did not send. A non-finite element
+    def _subtract(xb, d, share, bad=None):
+        """``xb -= share * d``: the sender keeps what it did not send. A non-finite element
         (``bad``) stays as it was (NaN stays NaN, inf stays inf, not inf - inf)."""
-        if keep != 1.0:
-            d = np.multiply(d, keep, dtype=xb.dtype)
+        if share != 1.0:
+            d = np.multiply(d, share, dtype=xb.dtype)
         if bad is None:
             np.subtract(xb, d, out=xb, casting="unsafe")
             return
@@ -225,7 +225,7 @@ class Wire:
         for lo, hi in _blocks(n):
             ob = out[lo:hi]
             if self_weight == 0.0:
-                ob[...] = 0  # (x may hold NaN or garbage: 0 * x would keep it)
+                ob[...] = 0  # (x may hold NaN or garbage: 0 * x would carry it)
             else:
                 np.multiply(x[lo:hi], self_weight, out=ob)
             for r, wt in zip(wires, weights):
@@ -258,7 +258,7 @@ class Wire:
         return d
 
     # ------------------------------------------------------------------ GPU
-    def _launch_encode(self, x, wire, keep, scale, salt=0, offset=0):
+    def _launch_encode(self, x, wire, share, scale, salt=0, offset=0):
         import cupy
         n = x.size
         t = kernels.cuda_type(x.dtype)
@@ -268,7 +268,7 @@ class Wire:
             name, blocks = f"encode16<{t}, {_CODES[self.format]}>", kernels.grid(n)
         key = np.uint32(random_key(self.seed, salt))
         with cupy.cuda.Device(x.device.id):
-            kernels.function(x.device.id, name)((blocks,), (256,), (x, wire, np.float64(keep), np.float64(scale),
+            kernels.function(x.device.id, name)((blocks,), (256,), (x, wire, np.float64(share), np.float64(scale),
                                                                      key, np.int64(offset), np.int64(n)))
 
     def _launch_decode(self, out, x, self_weight, wires, weights, z, w):

@@ -55,7 +55,7 @@ def test_error_bounds_and_the_kept_error_is_exact(fmt, dtype):
     assert err.max() > 0, "nothing was rounded: the test data is too easy"
     if dtype != np.float16:  # x - decoded is exact in the buffer's precision: nothing lost
         y = x.copy()
-        code.encode(y, buf, keep=1.0)  # (bf16 now rounds stochastically: within one step)
+        code.encode(y, buf, share=1.0)  # (bf16 now rounds stochastically: within one step)
         d = decoded(code, buf, n, dtype).astype(np.float64)
         assert np.array_equal(y.astype(np.float64) + d, x.astype(np.float64))
         if fmt == "bf16":
@@ -71,7 +71,7 @@ def test_bf16_with_the_error_kept_rounds_stochastically_without_bias():
     for seed in (0, 1):
         code = Wire("bf16", np.float32, seed=seed)
         buf = np.empty(code.nbytes(x.size), np.uint8)
-        code.encode(x.copy(), buf, keep=0.5)
+        code.encode(x.copy(), buf, share=0.5)
         d = decoded(code, buf, x.size, np.float32)
         assert set(np.unique(d)) == {lo, lo + np.float32(2.0 ** -7)}
         ups.append(d > lo)
@@ -135,8 +135,8 @@ def test_bad_arguments():
     code = Wire("bf16", np.float32)
     with pytest.raises(ValueError, match="need"):
         code.encode(np.zeros(4, np.float32), np.empty(3, np.uint8))
-    with pytest.raises(ValueError, match="keep"):
-        code.encode(np.zeros(4, np.float32), np.empty(8, np.uint8), keep=1.0, scale=0.5)
+    with pytest.raises(ValueError, match="share"):
+        code.encode(np.zeros(4, np.float32), np.empty(8, np.uint8), share=1.0, scale=0.5)
 
 
 def _with_non_finite(n, dtype, seed=5):
@@ -155,8 +155,8 @@ def _with_non_finite(n, dtype, seed=5):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
-@pytest.mark.parametrize("keep", [0.0, 1.0, 0.5])
-def test_a_non_finite_value_stays_in_its_element_and_harms_nothing_else(fmt, dtype, keep):
+@pytest.mark.parametrize("share", [0.0, 1.0, 0.5])
+def test_a_non_finite_value_stays_in_its_element_and_harms_nothing_else(fmt, dtype, share):
     """One NaN or inf: non-finite in that element after decoding (NaN stays NaN; inf keeps its
     sign in bf16/fp16, int8 has one spare code and sends both as NaN), every other element of its
     block decoded exactly as without it (int8's scale leaves it out), and with the error kept
@@ -169,18 +169,18 @@ def test_a_non_finite_value_stays_in_its_element_and_harms_nothing_else(fmt, dty
     code = Wire(fmt, dtype, seed=3)
     y, yc = x.copy(), clean.copy()
     buf, bufc = np.empty(code.nbytes(n), np.uint8), np.empty(code.nbytes(n), np.uint8)
-    code.encode(y, buf, keep=keep, salt=4)
-    code.encode(yc, bufc, keep=keep, salt=4)
+    code.encode(y, buf, share=share, salt=4)
+    code.encode(yc, bufc, share=share, salt=4)
     d, dc = decoded(code, buf, n, dtype), decoded(code, bufc, n, dtype)
     assert np.all(~np.isfinite(d[bad])), "a non-finite value was sent as a finite one"
     assert np.all(np.isnan(d[bad]) == np.isnan(x[bad])) or fmt == "int8"
     if fmt != "int8":
         assert np.array_equal(d[bad & np.isinf(x)], x[bad & np.isinf(x)]), "inf lost its sign"
     assert np.array_equal(d[~bad], dc[~bad]), "a non-finite value changed its neighbours"
-    if keep:
+    if share:
         assert np.array_equal(y[bad], x[bad], equal_nan=True), "the sender lost its non-finite value"
         assert np.array_equal(y[~bad], yc[~bad])
-        if keep == 1.0 and dtype != np.float16:  # (exact in the buffer's precision, as above)
+        if share == 1.0 and dtype != np.float16:  # (exact in the buffer's precision, as above)
             assert np.array_equal(y[~bad].astype(np.float64) + d[~bad], x[~bad].astype(np.float64))
 
 
@@ -195,7 +195,7 @@ def test_int8_blocks_of_tiny_values_stay_finite_and_keep_their_error():
     buf = np.empty(code.nbytes(n), np.uint8)
     with np.errstate(over="raise", invalid="raise", divide="raise"):  # (a subnormal scale may underflow)
         y = x.copy()
-        code.encode(y, buf, keep=1.0)
+        code.encode(y, buf, share=1.0)
         d = decoded(code, buf, n, np.float32)
     assert np.all(np.isfinite(d)) and np.all(np.isfinite(y))
     assert np.all(d[2 * INT8_BLOCK:] == 0)
@@ -237,7 +237,7 @@ def test_bf16_stochastic_rounding_draws_new_bits_every_step_both_ways():
     buf = np.empty(code.nbytes(x.size), np.uint8)
     ups = []
     for step in range(64):
-        code.encode(x.copy(), buf, keep=0.5, salt=step)
+        code.encode(x.copy(), buf, share=0.5, salt=step)
         d = decoded(code, buf, x.size, np.float32)
         assert set(np.unique(d)) <= {lo, up}
         ups.append(d == up)

@@ -224,8 +224,8 @@ __global__ void outer(T* a, T* x, T* m, const double lr, const double mu, const 
 // float, rounded to nearest even), 1 fp16 (finite values saturated at +-65504), 2 int8 with one float
 // scale per QBLOCK elements. One chunk of n elements on the wire: bf16/fp16: n 16-bit
 // words; int8: ceil(n / QBLOCK) float scales, then n int8 values. Encoding may keep the
-// rounding error: x -= keep * decode(wire) in the same pass (PushSum's exact mass). The
-// encoded value is scale * x (AllReduce's pre-scaling; keep is 0 then).
+// rounding error of the share that leaves: x -= share * decode(wire) in the same pass (PushSum's exact mass). The
+// encoded value is scale * x (AllReduce's pre-scaling; share is 0 then).
 #define QBLOCK 512
 #define QNONFINITE (-128)                  // mpigossip.wire.INT8_NONFINITE
 #define QTINY 3.7615824e-37f               // mpigossip.wire._INT8_TINY: 128 / FLT_MAX
@@ -274,18 +274,18 @@ template <> __device__ __forceinline__ float wire_value<2>(const unsigned char* 
     return static_cast<float>(q) * reinterpret_cast<const float*>(wire)[i / QBLOCK];
 }
 
-// bf16 / fp16: wire = encode(scale * x); if keep != 0: x -= keep * decode(wire) (bf16 then
+// bf16 / fp16: wire = encode(scale * x); if share != 0: x -= share * decode(wire) (bf16 then
 // rounds stochastically, see mpigossip/wire.py).
 template <typename T, int F>
-__global__ void encode16(T* x, unsigned char* wire, const double keep, const double scale,
+__global__ void encode16(T* x, unsigned char* wire, const double share, const double scale,
                          const unsigned int key, const long long offset, const long long n) {
     typedef typename Acc<T>::type A;
     GRID_STRIDE(i, n) {
         const A v = load<T>(x[i]) * static_cast<A>(scale);
         float d;
         if (F == 0) {
-            const unsigned short b = bf16_encode(static_cast<float>(v), keep != 0.0,
-                                                 keep != 0.0 ? random_bits(key, offset + i) : 0u);
+            const unsigned short b = bf16_encode(static_cast<float>(v), share != 0.0,
+                                                 share != 0.0 ? random_bits(key, offset + i) : 0u);
             reinterpret_cast<unsigned short*>(wire)[i] = b;
             d = bf16_decode(b);
         } else {
@@ -294,7 +294,7 @@ __global__ void encode16(T* x, unsigned char* wire, const double keep, const dou
             d = __half2float(h);
         }
         // the sender keeps what it did not send; a NaN or inf stays as it is (not inf - inf)
-        if (keep != 0.0 && isfinite(static_cast<double>(v))) x[i] = store<T>(v - static_cast<A>(keep) * static_cast<A>(d));
+        if (share != 0.0 && isfinite(static_cast<double>(v))) x[i] = store<T>(v - static_cast<A>(share) * static_cast<A>(d));
     }
 }
 
@@ -303,7 +303,7 @@ __global__ void encode16(T* x, unsigned char* wire, const double keep, const dou
 // a NaN or inf is sent as QNONFINITE and left out of m (the rest of the block is unharmed).
 // key and offset: the same arguments as encode16 (unused: int8 rounds to nearest).
 template <typename T>
-__global__ void encode_int8(T* x, unsigned char* wire, const double keep, const double scale,
+__global__ void encode_int8(T* x, unsigned char* wire, const double share, const double scale,
                             const unsigned int key, const long long offset, const long long n) {
     typedef typename Acc<T>::type A;
     __shared__ float warp_max[8];
@@ -328,12 +328,12 @@ __global__ void encode_int8(T* x, unsigned char* wire, const double keep, const 
         if (i0 < n) {
             const float r = fminf(fmaxf(rintf(v0 * inv), -127.0f), 127.0f);
             q[i0] = ok0 ? static_cast<signed char>(r) : static_cast<signed char>(QNONFINITE);
-            if (keep != 0.0 && ok0) x[i0] = store<T>(load<T>(x[i0]) - static_cast<A>(keep) * static_cast<A>(r * q_scale));
+            if (share != 0.0 && ok0) x[i0] = store<T>(load<T>(x[i0]) - static_cast<A>(share) * static_cast<A>(r * q_scale));
         }
         if (i1 < n) {
             const float r = fminf(fmaxf(rintf(v1 * inv), -127.0f), 127.0f);
             q[i1] = ok1 ? static_cast<signed char>(r) : static_cast<signed char>(QNONFINITE);
-            if (keep != 0.0 && ok1) x[i1] = store<T>(load<T>(x[i1]) - static_cast<A>(keep) * static_cast<A>(r * q_scale));
+            if (share != 0.0 && ok1) x[i1] = store<T>(load<T>(x[i1]) - static_cast<A>(share) * static_cast<A>(r * q_scale));
         }
         __syncthreads();  // warp_max is rewritten for the next block
     }

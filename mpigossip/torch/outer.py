@@ -74,6 +74,7 @@ class _Outer:
             for m in self.momenta:
                 m[...] = 0
         self.steps = self.exchanges = 0
+        self.exchanged = False  # whether the last step averaged
 
     def __getattr__(self, name):
         if name == "base":  # not yet set: construction failed
@@ -81,14 +82,15 @@ class _Outer:
         return getattr(self.base, name)
 
     def step(self):
-        """Call once per iteration, after ``optimizer.step()``. Returns whether it averaged."""
+        """Call once per iteration, after ``optimizer.step()`` (``exchanged`` then says whether
+        it averaged)."""
         self.base._check_open()
         self.steps += 1
-        outer = outer_mod.averages_at(self.steps, self.inner_steps, self.warmup)
+        outer = self.exchanged = outer_mod.averages_at(self.steps, self.inner_steps, self.warmup)
         if self.inner_mixing or outer:
             self.base.step()
         if not outer:
-            return False
+            return
         with self.base._ordered():
             for avg in self._exact:  # the base only mixed: the outer step needs the exact mean
                 avg.average()
@@ -98,7 +100,6 @@ class _Outer:
             if self._exact or not plain:
                 self._sync_numerators()
         self.exchanges += 1
-        return True
 
     def _sync_numerators(self):
         """SGP as the base: the numerators absorb the parameters' change as SGP applies any

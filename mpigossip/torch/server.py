@@ -2,7 +2,6 @@
 
 import numpy as np
 
-from .. import kernels
 from .._registry import OPTION_DEFAULTS
 from ..elastic import AsyncSGD as _AsyncWorker
 from ..elastic import ElasticAveraging
@@ -62,17 +61,12 @@ class ASGD(_WithServer):
     name = "asgd"
 
     def __init__(self, model, *, comm, servers=OPTION_DEFAULTS["servers"], timeout=None):
-        self.servers, self.servers_, self.prev, self.delta = servers, [], [], []
+        self.servers, self.servers_ = servers, []
         super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
-        self.prev.append(array.copy())
-        self.delta.append(array.copy())
-        return _AsyncWorker(array, self._server(array))
+        return _AsyncWorker(array, self._server(array), share=1.0 / self.comm.Get_size())
 
     def _step(self):
-        for worker, array, prev, delta in zip(self.comms, self.flat.arrays, self.prev, self.delta):
-            share = 1.0 / self.comm.Get_size()
-            kernels.weighted_sum(delta, array, share, [prev], [-share])  # delta = (x - prev) / P
-            worker.step(delta)                                     # center += delta; x = center
-            prev[...] = array
+        for worker in self.comms:
+            worker.step()  # center += (x - x_pulled) / P; x = center

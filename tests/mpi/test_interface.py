@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpigossip as mg
-from mpigossip._base import Steps, step_tag, tag_bound, tag_period
+from mpigossip._base import MPIObject, Stateful, Steps, step_tag, tag_bound, tag_period
 
 from .helpers import comm, global_sum
 
@@ -35,6 +35,9 @@ def _objects(c, x):
         ("nodemean", lambda: (mg.NodeMean(x, comm=c), [])),
         ("hierarchical-pushsum", lambda: (mg.Hierarchical(x, comm=c, inter=mg.PushSum, node_size=1), [])),
         ("easgd", lambda: server_worker(mg.ElasticAveraging)),
+        ("asgd", lambda: server_worker(mg.AsyncSGD, share=0.5)),
+        ("outer-localsgd", lambda: (mg.Outer(x, mg.AllreduceAverager(x, comm=c), inner_steps=2), [])),
+        ("outer-diloco-sgp", lambda: (mg.Outer(x, mg.PushSum(x, comm=c), inner_steps=2, method="diloco"), [])),
     ]
 
 
@@ -50,7 +53,7 @@ def test_every_object_meets_the_interface(name):
     obj, extra = factory()
     assert isinstance(obj, Steps)
     for _ in range(3):
-        obj.step()
+        assert obj.step() is None, f"{name}: step() returns None (one convention)"
     for _ in range(2):
         obj.start()
         obj.finish()
@@ -75,6 +78,8 @@ def test_every_object_meets_the_interface(name):
         assert again.weight == state["weight"]
     if name == "every-3-gossip-push":
         assert again.exchanges == 1 and state["inner"]["steps"] == 1  # steps 3 only
+    if name.startswith("outer"):
+        assert again.exchanges == 2 and state["inner"]["steps"] == 2  # steps 2 and 4
     again.step()  # and goes on from there
     assert again.steps == 6
     again.drain()
@@ -97,7 +102,10 @@ def test_every_runs_the_inner_step_on_every_kth_step_only():
     x = np.full(N, float(c.rank))
     total = global_sum(c, x)
     ps = mg.Every(mg.PushSum(x, comm=c), 4)
-    ran = [ps.step() for _ in range(10)]
+    ran = []
+    for _ in range(10):
+        assert ps.step() is None  # one return convention: exchanged says whether it ran
+        ran.append(ps.exchanged)
     assert ran == [False, False, False, True] * 2 + [False, False]
     assert ps.steps == 10 and ps.exchanges == 2 and ps.inner.steps == 2
     np.testing.assert_array_equal(global_sum(c, x), total)  # PushSum's mass, through the wrapper
@@ -159,3 +167,45 @@ def test_max_delay_beyond_the_tag_cycle_is_refused_on_every_rank():
     with pytest.raises(ValueError, match="tag bound"):
         mg.PushSum(np.zeros(N), comm=c, max_delay=tag_period(2))
     assert c.allreduce(1, op=MPI.SUM) == c.size  # every rank got here
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_parameter_server_is_no_averaging_object_but_keeps_the_life_cycle():
+    """ParameterServer holds the center; its workers step. So it has no step() at all (not one
+    that raises), and it keeps state_dict()/load_state_dict(), free() and ``with``."""
+    c = comm()
+    center = np.arange(N, dtype=np.float64)
+    with mg.ParameterServer(N, np.float64, comm=c, init=center) as srv:
+        assert isinstance(srv, (MPIObject, Stateful)) and not isinstance(srv, Steps)
+        assert not hasattr(srv, "step")
+        worker = mg.AsyncSGD(np.zeros(N), srv)
+        assert isinstance(worker, Steps)
+        c.Barrier()
+        state = srv.state_dict()
+        np.testing.assert_array_equal(state["center"], center)
+    with pytest.raises(RuntimeError, match="freed"):
+        srv.pull(np.empty(N))
+    with mg.ParameterServer(N, np.float64, comm=c) as again:
+        again.load_state_dict(state)
+        np.testing.assert_array_equal(again.pull(np.empty(N)), center)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_async_sgd_pushes_its_local_update_and_the_old_form_warns():
+    """AsyncSGD.step() takes no argument: the caller updates x, step() pushes share * (what x
+    moved since the last pull) and pulls the center. A single worker: the center moves by
+    share * update, and x is the center."""
+    c = comm()
+    x = np.zeros(N)
+    with mg.ParameterServer(N, np.float64, comm=c, init=np.zeros(N)) as srv:
+        worker = mg.AsyncSGD(x, srv, share=1.0 / c.size)
+        x += 4.0 * c.size  # every rank's local update
+        worker.step()
+        c.Barrier()
+        np.testing.assert_array_equal(srv.pull(np.empty(N)), np.full(N, 4.0 * c.size))
+        c.Barrier()  # every rank has read the center before anyone pushes again
+        with pytest.warns(DeprecationWarning, match="step"):
+            worker.step(np.ones(N))
+        with pytest.raises(ValueError, match="share"):
+            mg.AsyncSGD(x, srv, share=0)
+        c.Barrier()

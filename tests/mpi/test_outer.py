@@ -47,8 +47,8 @@ def test_outer_over_allreduce_matches_the_replay(method, H, warmup):
     steps = 17
     for k in range(1, steps + 1):
         x += local_update(c.rank, k)
-        averaged = outer.step()
-        assert averaged == (k <= warmup or (k - warmup) % H == 0)
+        assert outer.step() is None
+        assert outer.exchanged == (k <= warmup or (k - warmup) % H == 0)
     lr, mu, nesterov = mg.outer.METHODS[method]
     np.testing.assert_allclose(x, replay(c, steps, H, lr, mu, nesterov, warmup), rtol=1e-12, atol=1e-12)
     assert outer.exchanges == warmup + (steps - warmup) // H
@@ -67,19 +67,41 @@ def test_local_sgd_anchor_is_the_exact_mean():
     outer.free()
 
 
+def skewed(n):
+    """Rank 0 keeps 3/4 and sends 1/4 to rank 1; every other rank keeps 1/2 and sends 1/2 to
+    the next: column-stochastic, not doubly stochastic, so PushSum's weights leave 1."""
+    def fn(rank, step):
+        return [(rank, 0.75), (1, 0.25)] if rank == 0 else [(rank, 0.5), ((rank + 1) % n, 0.5)]
+    return fn
+
+
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("method", ["slowmo", "diloco"])
+@pytest.mark.parametrize("method", ["localsgd", "slowmo", "diloco"])
 def test_outer_over_pushsum_keeps_the_weight_and_the_mass(method):
-    """Over SGP the anchors differ per rank; the outer step writes x = w * anchor and leaves
-    PushSum's weights alone (their sum stays the number of ranks)."""
+    """Over SGP on a graph whose weights leave 1 the anchors differ per rank; the outer step
+    writes x = w * anchor (the model is x / w) and leaves PushSum's weights alone (their sum
+    stays the number of ranks). With plain averaging (local SGD) it moves no mass: Σx is the
+    start plus every local update."""
     c = comm()
     x = np.random.default_rng(c.rank).standard_normal(N)
-    ps = mg.PushSum(x, comm=c)
+    total = global_sum(c, x)
+    ps = mg.PushSum(x, comm=c, topology=mg.topology.CallableGraph(skewed(c.size)))
     outer = mg.Outer(x, ps, inner_steps=2, method=method)
+    weights = []
     for k in range(1, 9):
-        x += local_update(c.rank, k)
+        update = local_update(c.rank, k)
+        x += update
+        total += global_sum(c, update)
         outer.step()
+        if outer.exchanged:
+            weights.append(ps.weight)
+            np.testing.assert_allclose(x / ps.weight, outer._anchor, rtol=1e-12, atol=1e-12,
+                                       err_msg="the outer step did not write x = w * anchor")
+    assert max(c.allgather(max(abs(w - 1) for w in weights))) > 0.1, "the weights stayed 1: nothing tested"
     assert abs(c.allreduce(ps.weight) - c.size) < 1e-12
+    if method == "localsgd":
+        np.testing.assert_allclose(global_sum(c, x), total, rtol=0, atol=1e-9 * np.abs(total).max(),
+                                   err_msg="plain averaging moved mass")
     assert np.all(np.isfinite(x))
     assert outer.exchanges == 4 and ps.steps == 4
     outer.free()

@@ -9,7 +9,7 @@ import mpigossip as mg  # noqa: E402
 import mpigossip.torch as mgt  # noqa: E402
 from mpigossip._registry import WIRE  # noqa: E402
 
-from .helpers import comm, global_sum  # noqa: E402
+from .helpers import comm, global_sum, same_on_all_ranks  # noqa: E402
 
 
 def data(rank, n=64, d=5):
@@ -60,6 +60,34 @@ def test_sgp_wrapper_follows_pushsum_driven_by_hand(topology):
 
 
 UNSYNCHRONISED = ("easgd", "asgd", "adpsgd", "gossip-pull", "agp")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("wire", [None, "bf16", "int8"])
+def test_allreduce_averages_the_gradients_of_a_backward_pass_in_a_wire_format(wire):
+    """The gradient buckets' averaging runs in the backward pass: each rank's loss on its own
+    batch, backward(), and every .grad is the mean of the ranks' own gradients (computed here
+    by plain MPI on a copy of the model), within the format's rounding, the same bytes on every
+    rank. Small buckets: several of them, the last ones started while backward goes on."""
+    c = comm()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Tanh(), torch.nn.Linear(48, 8))
+    twin = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Tanh(), torch.nn.Linear(48, 8))
+    twin.load_state_dict(model.state_dict())
+    algo = mgt.make("allreduce", model, comm=c, bucket_mb=4096 * 4 / 2 ** 20, wire=wire)
+    g = torch.Generator().manual_seed(100 + c.rank)
+    data, target = torch.randn(16, 64, generator=g), torch.randn(16, 8, generator=g)
+    for net in (model, twin):
+        torch.nn.functional.mse_loss(net(data), target).backward()
+    ours = torch.cat([p.grad.ravel() for p in model.parameters()]).double().numpy()
+    mean = global_sum(c, torch.cat([p.grad.ravel() for p in twin.parameters()]).double().numpy()) / c.size
+    assert np.abs(mean).max() > 0
+    tol = {None: 1e-6, "bf16": 2.0 ** -7, "int8": 2.0 ** -6}[wire] * np.abs(mean).max()
+    np.testing.assert_allclose(ours, mean, rtol=0, atol=tol)
+    assert same_on_all_ranks(c, ours.tobytes())
+    if wire is not None:  # float32's own rounding is ~1e-7 of that: the format was used
+        assert np.abs(ours - mean).max() > 1e-4 * np.abs(mean).max(), "the gradients did not travel in the format"
+    algo.free()
 
 
 @pytest.mark.mpi(min_size=2)

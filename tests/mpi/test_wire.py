@@ -10,7 +10,7 @@ import mpigossip as mg
 from mpigossip import topology as T
 from mpigossip.wire import FORMATS, INT8_BLOCK
 
-from .helpers import comm, global_sum, same_on_all_ranks
+from .helpers import comm, consensus_distance, global_sum, same_on_all_ranks
 from .test_mixing import dyadic_fn
 
 # Relative drift of Σx that rounding in float64 can explain; a format's own rounding
@@ -52,20 +52,37 @@ def test_pushsum_step_keeps_the_mass_exact_under_compression(fmt, topology):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("max_delay", [0, 1])
 def test_overlap_keeps_the_mass_exact_under_compression(fmt, max_delay):
+    """Overlap PushSum in a format beside the same run in float64: Σx exact, the ranks' z = x / w
+    brought together as in the plain run (their spread a fraction of the unmixed one: an
+    exchange that moved nothing fails here), and with max_delay=0 (deterministic arrivals)
+    z close to the plain run's, within the format's rounding (the wrong shares fail)."""
     c = comm()
     x = data(c, dtype=np.float64)
+    y = x.copy()
     total, scale = global_sum(c, x), float(c.allreduce(np.abs(x).sum()))
-    ps = mg.PushSum(x, comm=c, topology=T.CallableGraph(dyadic_fn(c.size), period=2), max_delay=max_delay,
-                    wire=fmt)
+    topo = T.CallableGraph(dyadic_fn(c.size), period=2)
+    ps = mg.PushSum(x, comm=c, topology=topo, max_delay=max_delay, wire=fmt)
+    plain = mg.PushSum(y, comm=c, topology=topo, max_delay=max_delay)
     for k in range(12):
-        x += c.rank + k
+        for v, p in ((x, ps), (y, plain)):
+            v += c.rank + k
+            p.start()
+            p.finish()
         total += sum(r + k for r in range(c.size))
-        ps.start()
-        ps.finish()
     ps.drain()
+    plain.drain()
     assert_mass(c, x, total, scale + 12 * c.size * x.size * c.size)
     assert abs(c.allreduce(ps.weight) - c.size) < 1e-12
+    z, zp = x / ps.weight, y / plain.weight
+    start = data(c, dtype=np.float64) + sum(c.rank + k for k in range(12))  # each rank alone
+    alone = consensus_distance(c, start)
+    assert consensus_distance(c, zp) < 0.3 * alone, "the plain run did not mix: nothing tested"
+    assert consensus_distance(c, z) < 0.3 * alone, "compressed overlap did not mix"
+    if max_delay == 0:  # which messages a finish() adds is then fixed: the two runs meet
+        tol = 2.0 ** -5 * np.abs(zp).max()  # the formats' rounding, kept and sent on over 12 steps
+        np.testing.assert_allclose(z, zp, rtol=0, atol=tol, err_msg="compressed overlap strayed from the plain one")
     ps.free()
+    plain.free()
 
 
 @pytest.mark.mpi(min_size=2)
@@ -163,13 +180,20 @@ def test_hierarchical_passes_the_wire_format_between_nodes():
     """node_size=1: every rank its own node, so PushSum between "nodes" does all the mixing."""
     c = comm()
     h = mg.Hierarchical.allocate(3 * INT8_BLOCK, "float64", comm=c, inter=mg.PushSum, node_size=1, wire="int8")
-    h.array[:] = data(c, h.array.size)
+    plain = mg.Hierarchical.allocate(3 * INT8_BLOCK, "float64", comm=c, inter=mg.PushSum, node_size=1)
+    h.array[:] = plain.array[:] = data(c, h.array.size)
     total, scale = global_sum(c, h.array), float(c.allreduce(np.abs(h.array).sum()))
     assert "wire=int8" in repr(h.inter)
     for _ in range(5):
         h.step()
+        plain.step()
     assert_mass(c, h.inter.buffer.array, total, scale)
+    z, zp = h.inter.debiased(), plain.inter.debiased()
+    err = np.abs(z - zp).max()
+    assert err <= 2.0 ** -5 * np.abs(zp).max(), f"int8 between nodes strayed {err:.3g} from the plain run"
+    assert err > 1e-9 * np.abs(zp).max(), "nothing was rounded: the format was not used between nodes"
     h.free()
+    plain.free()
 
 
 @pytest.mark.mpi(min_size=2)
