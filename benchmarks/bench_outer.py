@@ -1,7 +1,7 @@
 """Outer optimizers and compressed messages, trained side by side on the emulated cluster.
 
     python benchmarks/bench_outer.py [--rates 1gbit 100mbit] [--seeds 0 1 2] [--steps 400]
-        [--compute-ms 30] [--out benchmarks/results] [--runs DIR]
+        [--compute-ms 30] [--out benchmarks/results] [--runs DIR] [--only ROW ...] [--name outer]
 
 As root: for each link rate, starts 4 emulated nodes (``tests/cluster/start.sh 4 RATE 1``, one
 rank each) and trains Fashion-MNIST's MLP (width 256: 0.8 MB of parameters) with every
@@ -15,6 +15,13 @@ reach AllReduce's final accuracy less one point, and the bytes one rank sends pe
 counted from the algorithm (ring-equivalent 2 (P-1)/P of the model for an AllReduce, one
 model per out-peer for SGP, per outer step for the outer methods, times the wire format's
 bytes ratio), not measured on the wire.
+
+``--only`` runs some rows (those past the default ten: SGP fp16 and the parameters' AllReduce
+in each format) and ``--name`` writes them elsewhere: the rounding measurement of #30 is
+``--rates 1gbit --seeds 0 1 2 3 4 --only AllReduce SGP "SGP bf16" "SGP fp16" "SGP int8"
+"AllReduce params" "AllReduce params bf16" "AllReduce params fp16" "AllReduce params int8"
+--name wire-rounding`` (synchronous methods: the link rate changes their time, not a bit of
+their training).
 """
 
 import argparse
@@ -49,7 +56,16 @@ CONFIGS = (
     ("SGP bf16", "sgp", ("--wire", "bf16"), 1),
     ("AllReduce int8", "allreduce", ("--wire", "int8"), 1),
     ("SGP int8", "sgp", ("--wire", "int8"), 1),
+    # Rounding with the error kept (#30): SGP in every format against its float32 run, and the
+    # parameters' AllReduce in a format (no error kept: the model snaps to the format's grid).
+    ("SGP fp16", "sgp", ("--wire", "fp16"), 1),
+    ("AllReduce params", "allreduce-params", (), 1),
+    ("AllReduce params bf16", "allreduce-params", ("--wire", "bf16"), 1),
+    ("AllReduce params fp16", "allreduce-params", ("--wire", "fp16"), 1),
+    ("AllReduce params int8", "allreduce-params", ("--wire", "int8"), 1),
 )
+#: The rows of the default run (the others with --only).
+DEFAULT_ROWS = tuple(row for row, *_ in CONFIGS[:10])
 EVAL_EVERY = 50
 RANKS = 4
 
@@ -79,7 +95,7 @@ def groups(only=None):
     row is in ``only``, if given)."""
     out = {}
     for row, algorithm, flags, times in CONFIGS:
-        if only and row not in only:
+        if row not in (only or DEFAULT_ROWS):
             continue
         out.setdefault((flags, times), []).append((row, algorithm))
     return list(out.items())
@@ -95,7 +111,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--runs", default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--only", nargs="+", metavar="ROW", help="run only these rows (names as in the table) and "
-                        "replace them in OUT/outer.json, keeping the other rows (a rerun after a fix)")
+                        "replace them in OUT/NAME.json if it exists, keeping the other rows (a rerun after a fix)")
+    parser.add_argument("--name", default="outer", help="result files OUT/NAME.json and .md (default: %(default)s)")
     args = parser.parse_args()
     runs = args.runs or tempfile.mkdtemp(prefix="bench-outer-")
     os.makedirs(args.out, exist_ok=True)
@@ -135,8 +152,9 @@ def main():
     meta = {"commit": setup.commit(), "versions": setup.versions(),
             "command": " ".join(sys.argv), "ranks": RANKS, "steps": args.steps, "compute_ms": args.compute_ms,
             "lr": args.lr, "inner_steps": INNER, "machine": setup.machine()}
-    if args.only:  # the other rows from the earlier run, whose settings must be these
-        with open(os.path.join(args.out, "outer.json")) as f:
+    path = os.path.join(args.out, args.name)
+    if args.only and os.path.exists(path + ".json"):  # the other rows from the earlier run, same settings
+        with open(path + ".json") as f:
             earlier = json.load(f)
         for key in ("steps", "compute_ms", "lr", "inner_steps"):
             if earlier["meta"][key] != meta[key]:
@@ -144,9 +162,9 @@ def main():
         meta = dict(earlier["meta"], reruns=earlier["meta"].get("reruns", []) + [
             {"rows": args.only, "commit": meta["commit"], "command": meta["command"]}])
         records = [r for r in earlier["runs"] if r["row"] not in args.only] + records
-    with open(os.path.join(args.out, "outer.json"), "w") as f:
+    with open(path + ".json", "w") as f:
         json.dump({"meta": meta, "runs": records}, f, indent=1)
-    with open(os.path.join(args.out, "outer.md"), "w") as f:
+    with open(path + ".md", "w") as f:
         f.write(table(meta, records))
     print(table(meta, records))
 

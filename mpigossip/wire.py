@@ -3,19 +3,22 @@
 A communicator that sends the model takes ``wire=`` (the same keyword everywhere):
 
 * ``None`` (default): the buffer's own dtype, sent zero-copy;
-* ``"bf16"``: the top 16 bits of each value as float32, rounded to nearest even (float32's
-  range, 8 bits of mantissa): half the bytes of float32;
+* ``"bf16"``: the top 16 bits of each value as float32 (float32's range, 8 bits of
+  mantissa): half the bytes of float32;
 * ``"fp16"``: IEEE half precision (11 bits of mantissa, a narrow range): finite values beyond
   +-65504 saturate there (NaN and inf pass as they are);
-* ``"int8"``: one int8 per value and one float32 scale (``max |x| / 127``) per
-  :data:`INT8_BLOCK` values: a little over a quarter of float32's bytes.
+* ``"int8"``: one int8 per value and one float32 scale (``max |x| / 127`` over the finite
+  values) per :data:`INT8_BLOCK` values: a little over a quarter of float32's bytes; a NaN or
+  inf travels as :data:`INT8_NONFINITE` and arrives as NaN.
+
+Every format rounds to nearest, or, where the sender keeps its rounding error, stochastically
+(see :class:`Wire`).
 
 :class:`Wire` is the arithmetic, fused as the communicators need it (one pass each, on the
 CPU block by block in cache, on the GPU one kernel): :meth:`Wire.encode` writes the wire
-bytes of a chunk and, given the ``share`` of it that leaves, keep the rounding error in the
-sender's buffer (``x -= share * decoded``, so that PushSum's mass is exact; bf16 then rounds stochastically, see
-:class:`Wire`), :meth:`Wire.decode_sum` adds received wire
-bytes into the buffer in its own precision. A chunk's bytes: bf16/fp16 ``2 n``; int8 the
+bytes of a chunk and, given the ``share`` of it that leaves, keeps the rounding error in the
+sender's buffer (``x -= share * decoded``, so that PushSum's mass is exact);
+:meth:`Wire.decode_sum` adds received wire bytes into the buffer in its own precision. A chunk's bytes: bf16/fp16 ``2 n``; int8 the
 ``ceil(n / INT8_BLOCK)`` scales, then the ``n`` values.
 """
 
@@ -62,12 +65,15 @@ class Wire:
         seed: of the stochastic rounding (give each rank its own: the communicators use
             their rank).
 
-    When the encode keeps the error (a ``share`` leaves), bf16 rounds stochastically (up with the
-    probability of the distance to the lower value): with the error kept, a fixed grid
-    rounding to nearest would let two ranks whose values differ by less than the grid
-    spacing see the same value, and stop averaging that difference (measured: SGP on
-    Fashion-MNIST lost 1.1 points with bf16 rounded to nearest, none rounded stochastically).
-    int8's scale moves with each block's largest value, fp16's grid is 8 times finer.
+    When the encode keeps the error (a ``share`` leaves), every format rounds stochastically
+    (to the neighbour on the far side with the probability of the distance to it): with the
+    error kept, a fixed grid rounding to nearest lets two ranks whose values differ by less
+    than the grid spacing send the same value, and that difference is never averaged
+    (measured: SGP on Fashion-MNIST lost 1.1 points with bf16 rounded to nearest; fp16's grid
+    is 8 times finer and int8's moves with each block's largest value, but the same stall
+    holds below their spacing). The random bits are a pure function of (seed, step,
+    element): :func:`random_bits`, the same on CPU and GPU. Without a kept error (AllReduce)
+    every format rounds to nearest.
     """
 
     def __init__(self, fmt, dtype, *, seed=0):
@@ -114,7 +120,7 @@ class Wire:
         if not isinstance(x, np.ndarray):
             self._launch_encode(x, wire, share, scale, salt, offset)
         elif self.format == "int8":
-            self._encode_int8(x, wire, share, scale)
+            self._encode_int8(x, wire, share, scale, salt, offset)
         else:
             self._encode16(x, wire, share, scale, salt, offset)
         return wire
@@ -122,7 +128,7 @@ class Wire:
     def _encode16(self, x, wire, share, scale, salt, offset):
         words = wire.view(np.uint16)
         as32 = x.dtype == np.float32
-        key = random_key(self.seed, salt) if share and self.format == "bf16" else 0  # the step's key
+        key = random_key(self.seed, salt) if share else 0  # the step's key (stochastic rounding)
         for lo, hi in _blocks(x.size):
             xb, qb = x[lo:hi], words[lo:hi]
             f = xb if as32 and scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
@@ -149,14 +155,20 @@ class Wire:
                 c = np.clip(f, -_FP16_MAX, _FP16_MAX)  # NaN stays NaN
                 if bad is not None:
                     c[bad] = f[bad]  # only finite values saturate: an inf stays visible
-                np.copyto(h, c, casting="unsafe")
                 if share:
+                    r = _fp16_stochastic(c if bad is None else np.where(bad, 0, c), random_bits(offset + lo, c.size, key))
+                    if bad is not None:
+                        r[bad] = c[bad]
+                    np.copyto(h, r, casting="unsafe")  # exact
                     d = h
+                else:
+                    np.copyto(h, c, casting="unsafe")  # to nearest
             if share:
                 self._subtract(xb, d, share, bad)
 
-    def _encode_int8(self, x, wire, share, scale):
+    def _encode_int8(self, x, wire, share, scale, salt, offset):
         n = x.size
+        key = random_key(self.seed, salt) if share else 0
         nb = -(-n // INT8_BLOCK)
         scales = wire[:4 * nb].view(np.float32)
         q = wire[4 * nb:].view(np.int8)
@@ -182,7 +194,11 @@ class Wire:
             np.divide(amax, 127.0, out=sb)
             per = np.repeat(np.divide(127.0, amax), INT8_BLOCK)[:m]
             np.multiply(f, per, out=f)
-            np.rint(f, out=f)
+            if share:  # stochastic: floor(v / scale + u), u uniform in (0, 1)
+                np.add(f, _uniform(random_bits(offset + lo, m, key)), out=f)
+                np.floor(f, out=f)
+            else:
+                np.rint(f, out=f)
             np.clip(f, -127.0, 127.0, out=f)
             np.copyto(q[lo:hi], f, casting="unsafe")
             if bad is not None:
@@ -292,6 +308,32 @@ class Wire:
 
     def __repr__(self):
         return f"<Wire {self.format} for {self.dtype}>"
+
+
+def _uniform(bits):
+    """Random 16-bit values as float32 in (0, 1): ``(bits + 1/2) / 2^16`` (exact)."""
+    u = bits.astype(np.float32)
+    np.add(u, np.float32(0.5), out=u)
+    np.multiply(u, np.float32(2.0 ** -16), out=u)
+    return u
+
+
+def _fp16_stochastic(c, bits):
+    """``c`` (float32, finite, saturated at +-65504) rounded stochastically to float16's grid,
+    as float32 values that convert to float16 exactly: with ``ulp`` the spacing of float16
+    at ``c`` (a power of two, at least 2^-24), ``floor(c / ulp + u) * ulp``, u uniform in
+    (0, 1). Every operation is exact but the addition of ``u``, which the CUDA kernel repeats
+    (``fp16_stochastic``), so CPU and GPU round alike."""
+    e = np.right_shift(c.view(np.uint32), 23)
+    np.bitwise_and(e, 0xFF, out=e)
+    np.maximum(e, 113, out=e)                              # exponent field, float16's subnormals' at least
+    inv = np.left_shift(np.subtract(264, e, dtype=np.uint32), 23).view(np.float32)  # 1 / ulp
+    np.subtract(e, 10, out=e)
+    ulp = np.left_shift(e, 23, out=e).view(np.float32)
+    t = np.multiply(c, inv)
+    np.add(t, _uniform(bits), out=t)
+    np.floor(t, out=t)
+    return np.multiply(t, ulp, out=t)
 
 
 def random_key(seed, step):

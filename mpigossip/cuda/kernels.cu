@@ -252,6 +252,20 @@ __device__ __forceinline__ unsigned int random_bits(const unsigned int key, cons
     h ^= h >> 16;
     return h >> 16;
 }
+// (bits + 1/2) / 2^16: a uniform float in (0, 1), exact (mpigossip.wire._uniform).
+__device__ __forceinline__ float uniform(const unsigned int bits) {
+    return (static_cast<float>(bits) + 0.5f) * 1.52587890625e-05f;
+}
+// fp16, stochastically (mpigossip.wire._fp16_stochastic, the same float32 operations, unfused):
+// floor(c / ulp + u) * ulp with ulp float16's spacing at c (a power of two, at least 2^-24);
+// every operation exact but the addition of u. c finite and saturated; the result converts to
+// float16 exactly.
+__device__ __forceinline__ float fp16_stochastic(const float c, const unsigned int bits) {
+    unsigned int e = (__float_as_uint(c) >> 23) & 0xffu;
+    e = e < 113u ? 113u : e;
+    const float inv = __uint_as_float((264u - e) << 23), ulp = __uint_as_float((e - 10u) << 23);
+    return __fmul_rn(floorf(__fadd_rn(__fmul_rn(c, inv), uniform(bits))), ulp);
+}
 __device__ __forceinline__ float fp16_saturate(const float f) {
     return (f != f || isinf(f)) ? f : fminf(fmaxf(f, -65504.0f), 65504.0f);  // NaN and inf stay
 }
@@ -289,7 +303,9 @@ __global__ void encode16(T* x, unsigned char* wire, const double share, const do
             reinterpret_cast<unsigned short*>(wire)[i] = b;
             d = bf16_decode(b);
         } else {
-            const __half h = __float2half_rn(fp16_saturate(static_cast<float>(v)));
+            float c = fp16_saturate(static_cast<float>(v));
+            if (share != 0.0 && isfinite(c)) c = fp16_stochastic(c, random_bits(key, offset + i));
+            const __half h = __float2half_rn(c);
             reinterpret_cast<__half*>(wire)[i] = h;
             d = __half2float(h);
         }
@@ -301,7 +317,8 @@ __global__ void encode16(T* x, unsigned char* wire, const double share, const do
 // int8: one thread block of 256 threads per QBLOCK elements (grid-stride over the blocks):
 // m = max(max |x| over the block's finite values, QTINY), scale = m / 127, q = rint(x / scale);
 // a NaN or inf is sent as QNONFINITE and left out of m (the rest of the block is unharmed).
-// key and offset: the same arguments as encode16 (unused: int8 rounds to nearest).
+// Where the error is kept (share != 0) q = floor(x / scale + u), u uniform from random_bits(key,
+// offset + i), unfused as the CPU computes it; else to nearest.
 template <typename T>
 __global__ void encode_int8(T* x, unsigned char* wire, const double share, const double scale,
                             const unsigned int key, const long long offset, const long long n) {
@@ -326,12 +343,16 @@ __global__ void encode_int8(T* x, unsigned char* wire, const double share, const
         const float q_scale = m / 127.0f, inv = 127.0f / m;
         if (threadIdx.x == 0) scales[b] = q_scale;
         if (i0 < n) {
-            const float r = fminf(fmaxf(rintf(v0 * inv), -127.0f), 127.0f);
+            const float t = __fmul_rn(v0, inv);
+            const float r = fminf(fmaxf(share != 0.0 ? floorf(__fadd_rn(t, uniform(random_bits(key, offset + i0))))
+                                                     : rintf(t), -127.0f), 127.0f);
             q[i0] = ok0 ? static_cast<signed char>(r) : static_cast<signed char>(QNONFINITE);
             if (share != 0.0 && ok0) x[i0] = store<T>(load<T>(x[i0]) - static_cast<A>(share) * static_cast<A>(r * q_scale));
         }
         if (i1 < n) {
-            const float r = fminf(fmaxf(rintf(v1 * inv), -127.0f), 127.0f);
+            const float t = __fmul_rn(v1, inv);
+            const float r = fminf(fmaxf(share != 0.0 ? floorf(__fadd_rn(t, uniform(random_bits(key, offset + i1))))
+                                                     : rintf(t), -127.0f), 127.0f);
             q[i1] = ok1 ? static_cast<signed char>(r) : static_cast<signed char>(QNONFINITE);
             if (share != 0.0 && ok1) x[i1] = store<T>(load<T>(x[i1]) - static_cast<A>(share) * static_cast<A>(r * q_scale));
         }
