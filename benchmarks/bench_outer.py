@@ -16,12 +16,8 @@ counted from the algorithm (ring-equivalent 2 (P-1)/P of the model for an AllRed
 model per out-peer for SGP, per outer step for the outer methods, times the wire format's
 bytes ratio), not measured on the wire.
 
-``--only`` runs some rows (those past the default ten: SGP fp16 and the parameters' AllReduce
-in each format) and ``--name`` writes them elsewhere: the rounding measurement of #30 is
-``--rates 1gbit --seeds 0 1 2 3 4 --only AllReduce SGP "SGP bf16" "SGP fp16" "SGP int8"
-"AllReduce params" "AllReduce params bf16" "AllReduce params fp16" "AllReduce params int8"
---name wire-rounding`` (synchronous methods: the link rate changes their time, not a bit of
-their training).
+``--only`` runs some rows (also those past the default ten: SGP fp16) and ``--name`` writes
+them to ``OUT/NAME.{json,md}`` (merged into it if it exists).
 """
 
 import argparse
@@ -56,13 +52,7 @@ CONFIGS = (
     ("SGP bf16", "sgp", ("--wire", "bf16"), 1),
     ("AllReduce int8", "allreduce", ("--wire", "int8"), 1),
     ("SGP int8", "sgp", ("--wire", "int8"), 1),
-    # Rounding with the error kept (#30): SGP in every format against its float32 run, and the
-    # parameters' AllReduce in a format (no error kept: the model snaps to the format's grid).
-    ("SGP fp16", "sgp", ("--wire", "fp16"), 1),
-    ("AllReduce params", "allreduce-params", (), 1),
-    ("AllReduce params bf16", "allreduce-params", ("--wire", "bf16"), 1),
-    ("AllReduce params fp16", "allreduce-params", ("--wire", "fp16"), 1),
-    ("AllReduce params int8", "allreduce-params", ("--wire", "int8"), 1),
+    ("SGP fp16", "sgp", ("--wire", "fp16"), 1),  # (with --only)
 )
 #: The rows of the default run (the others with --only).
 DEFAULT_ROWS = tuple(row for row, *_ in CONFIGS[:10])

@@ -6,11 +6,15 @@ from mpi4py import MPI
 
 from . import buffers, deadline, kernels
 from ._base import Communicator, check_chunk_bytes
+from ._checks import integer_error
+from ._ring import ALGORITHMS, Layout, NodeRing, Ring
 from ._wire_allreduce import WireAllreduce
 
 
 class AllreduceAverager(Communicator):
-    """Exact in-place mean of one buffer over ``comm`` (``Allreduce`` / ``Iallreduce`` with SUM).
+    """Exact in-place mean of one buffer over ``comm``: MPI's ``Allreduce`` / ``Iallreduce``
+    with SUM, or a ring over ``Isend``/``Irecv``, flat or node-aware (:mod:`mpigossip._ring`),
+    whichever runs nearer the network's limit for this size and layout.
 
     Args:
         buf: numpy array, cupy array or torch tensor; contiguous, same length and dtype on
@@ -30,6 +34,15 @@ class AllreduceAverager(Communicator):
             :mod:`mpigossip.wire`: then the mean is a reduce-scatter and an allgather over
             ``Isend``/``Irecv`` of the pre-scaled, encoded buffer (:mod:`mpigossip._wire_allreduce`;
             ``chunk_bytes`` does not apply); every rank ends with identical values.
+        algorithm: how the bytes move: ``"mpi"`` (MPI's ``Allreduce``), ``"ring"`` (a ring over
+            ``Isend``/``Irecv``, segmented and pipelined), ``"node-ring"`` (reduce-scatter in
+            each node's shared memory, one ring per local rank between nodes, allgather in the
+            node), or ``"auto"`` (default): MPI's on one node and for small buffers, the
+            node-aware ring across nodes with several ranks per node, else the flat ring (the
+            crossovers measured: docs/RESULTS.md). Same on every rank.
+        segment_bytes: the rings' message size (256 KiB). Same on every rank.
+        layout: a :class:`mpigossip._ring.Layout` of ``comm`` to share (many averagers on one
+            communicator: its sub-communicators are made once); default: its own.
 
     ``average()`` blocks; ``start()`` posts a nonblocking ``Iallreduce`` that overlaps
     with computation until ``finish()``. Do not touch ``buf`` in between.
@@ -38,17 +51,34 @@ class AllreduceAverager(Communicator):
     _name = "AllreduceAverager"
 
     def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None, dup=True,
-                 wire=None):
+                 wire=None, algorithm="auto", segment_bytes=256 << 10, layout=None):
         super().__init__(comm, timeout, dup=dup)
-        self._validate(check_chunk_bytes(chunk_bytes, auto=True))
-        self.buffer = self._check_buffer(buf, name="buf", same={"chunk_bytes": chunk_bytes}, wire=wire)
+        error = check_chunk_bytes(chunk_bytes, auto=True) or integer_error(segment_bytes, "segment_bytes", 1)
+        if algorithm not in ALGORITHMS:
+            error = error or f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
+        self._validate(error)
+        self.buffer = self._check_buffer(buf, name="buf", wire=wire, same={
+            "chunk_bytes": chunk_bytes, "algorithm": algorithm, "segment_bytes": segment_bytes})
         self.wire = wire
+        self._own_layout = layout is None
+        self.layout = Layout(self.comm, timeout=self.timeout) if layout is None else layout
+        self.algorithm = self.layout.choose(algorithm, self.buffer.nbytes)
+        segment = max(1, segment_bytes // self.buffer.dtype.itemsize)
+        sync = self.buffer.synchronize if self.buffer.on_device else (lambda: None)
+        if self.algorithm == "ring":
+            self._ring = Ring(self, self.comm, synchronize=sync, segment=segment, scale=1.0 / self.size,
+                              op=f"{self._name}.average (ring)")
+        elif self.algorithm == "node-ring":
+            self._ring = NodeRing(self, self.layout.node, self.layout.cross, synchronize=sync, segment=segment,
+                                  scale=1.0 / self.size, op=f"{self._name}.average (node-aware ring)")
+        else:
+            self._ring = None
         self._compressed = (WireAllreduce(self, wire, stage=stage, cuda_aware=cuda_aware)
                             if wire is not None and self.size > 1 else None)
         self._transport = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._request = None
         if chunk_bytes is None:
-            chunk_bytes = 4 << 20 if self._one_node() else max(1, self.buffer.nbytes)
+            chunk_bytes = 4 << 20 if self.layout.one_node else max(1, self.buffer.nbytes)
         self.chunk_bytes = chunk_bytes
         self._chunk = max(1, chunk_bytes // self.buffer.dtype.itemsize)
         self.steps = 0
@@ -80,6 +110,12 @@ class AllreduceAverager(Communicator):
         t = self._transport
         t.before_send()
         deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
+        if self._ring is not None:  # the mean, scaled by the ring
+            self._ring.run(t.memory)
+            t.after_recv()
+            self.buffer.release()
+            self.steps += 1
+            return
         in_place = not (t.staged or self.buffer.on_device)
         array, inv = self.buffer.array, 1.0 / self.size
         n = self.buffer.size
@@ -102,6 +138,10 @@ class AllreduceAverager(Communicator):
             self._request = self._compressed
             return
         self._transport.before_send()
+        if self._ring is not None:
+            self._ring.start(self._transport.memory)
+            self._request = self._ring
+            return
         self._request = self.comm.Iallreduce(MPI.IN_PLACE, self._transport.spec, MPI.SUM)
 
     def test(self):
@@ -110,6 +150,8 @@ class AllreduceAverager(Communicator):
             raise RuntimeError(f"{self._name}.test(): nothing started")
         if self._compressed is not None:
             return self._compressed.test()
+        if self._ring is not None:
+            return self._ring.test()
         return self._request.Test()
 
     def finish(self):
@@ -119,6 +161,13 @@ class AllreduceAverager(Communicator):
         if self._compressed is not None:  # allgather and decode: the mean, no scaling left
             self._request = None
             self._compressed.finish()
+            self.steps += 1
+            return
+        if self._ring is not None:  # scaled by the ring
+            self._request = None
+            self._ring.wait()
+            self._transport.after_recv()
+            self.buffer.release()
             self.steps += 1
             return
         self._wait(self._request, "finish", peer="all ranks (Iallreduce)")
@@ -158,9 +207,12 @@ class AllreduceAverager(Communicator):
     def free(self):
         if not self.closed:
             self._complete()
+            if self._own_layout:
+                self.layout.free()
         self._free_comm()
 
     def __repr__(self):
         state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
         return (f"<AllreduceAverager {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
-                f"ranks={self.size}{'' if self.wire is None else ' wire=' + self.wire} steps={self.steps} {state}>")
+                f"ranks={self.size} {self.algorithm}{'' if self.wire is None else ' wire=' + self.wire} "
+                f"steps={self.steps} {state}>")

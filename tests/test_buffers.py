@@ -113,3 +113,32 @@ def test_a_bad_piece_size_is_refused(monkeypatch):
         with pytest.raises(ValueError, match=rma.CHUNK_ENV):
             rma.chunk_bytes()
     rma.chunk_bytes.cache_clear()
+
+
+def test_the_allreduce_algorithm_is_chosen_by_layout_and_size():
+    """auto: MPI's on one node and below the measured crossover; across nodes the node-aware
+    ring with several (equal) ranks per node, else the flat ring; a forced choice stays, but a
+    node-aware ring over unequal nodes falls back to the flat one."""
+    from mpigossip._ring import RING_MIN_BYTES, Layout
+
+    class World:
+        def __init__(self, size):
+            self.size = size
+
+        def Get_size(self):
+            return self.size
+
+    def layout(size, local, uniform=True):
+        lay = Layout.__new__(Layout)
+        lay.comm, lay.local_size, lay.one_node, lay.uniform = World(size), local, local == size, uniform
+        return lay
+
+    big, small = RING_MIN_BYTES, RING_MIN_BYTES - 1
+    assert layout(4, 4).choose("auto", 1 << 30) == "mpi"           # one node
+    assert layout(8, 2).choose("auto", small) == "mpi"             # latency-bound
+    assert layout(8, 2).choose("auto", big) == "node-ring"
+    assert layout(4, 1).choose("auto", big) == "ring"
+    assert layout(6, 2, uniform=False).choose("auto", big) == "ring"
+    assert layout(2, 1).choose("auto", big) == "mpi"               # two ranks: one exchange either way
+    assert layout(8, 2).choose("ring", small) == "ring"
+    assert layout(6, 2, uniform=False).choose("node-ring", big) == "ring"

@@ -69,6 +69,8 @@ def test_bipartite_needs_an_even_world_size_even_alone():
     (["--algorithm", "dpsgd", "--topology", "random"], "dpsgd needs a doubly stochastic graph"),
     (["--algorithm", "easgd", "--hierarchical"], "--hierarchical: easgd cannot run hierarchically"),
     (["--algorithm", "easgd", "--wire", "bf16"], "--wire: easgd cannot send compressed messages"),
+    (["--algorithm", "allreduce-params", "--wire", "int8"], "snaps the model to the format's grid"),
+    (["--algorithm", "diloco", "--wire", "bf16"], "diloco: a compressed mean of the parameters"),
     (["--algorithm", "slowmo", "--wire", "int8", "--base", "sgp", "--wire", "bf17"], "--wire: invalid choice"),
     (["--algorithm", "sgp", "--hierarchical", "--node-size", "3"], "--node-size must be a positive divisor"),
     (["--algorithm", "sgp", "--node-size", "2"], "--node-size needs --hierarchical"),

@@ -1,5 +1,6 @@
 """AllReduce SGD: exact averaging of the parameters after each step."""
 
+from .._registry import PARAMS_WIRE_REFUSED
 from ..allreduce import AllreduceAverager
 from .base import _Wrapper
 
@@ -16,13 +17,16 @@ class AllReduce(_Wrapper):
     With ``hierarchical=True`` the parameters are averaged in each node's shared memory,
     then across nodes by one ``Allreduce`` per local rank over its slice.
 
-    ``wire="bf16"|"fp16"|"int8"`` sends the parameters compressed (:mod:`mpigossip.wire`;
-    between nodes when hierarchical); the BatchNorm statistics stay exact.
+    No ``wire=`` format here (:data:`mpigossip._registry.PARAMS_WIRE_REFUSED`): a compressed
+    mean of the parameters would snap the model to the format's grid at every average.
+    :class:`GradientAllReduce` (``"allreduce"``) compresses the gradients instead.
     """
 
     name = "allreduce-params"
 
     def __init__(self, model, *, comm, hierarchical=False, node_size=None, wire=None, timeout=None):
+        if wire is not None and self.name == "allreduce-params":
+            raise ValueError(f"allreduce-params takes no wire format: {PARAMS_WIRE_REFUSED}")
         self.hierarchical, self.node_size, self.wire = bool(hierarchical), node_size, wire
         super().__init__(model, comm=comm, timeout=timeout)
         self.buffer_comms = [AllreduceAverager(array, comm=self.comm, timeout=self.timeout)

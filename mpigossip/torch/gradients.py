@@ -5,6 +5,7 @@ import time
 import torch
 
 from .. import buffers
+from .._ring import Layout
 from ..allreduce import AllreduceAverager
 from .allreduce import AllReduce
 
@@ -57,7 +58,7 @@ class GradientAllReduce(AllReduce):
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
-        self.grad_views, self.buckets, self._where = [], [], {}
+        self.grad_views, self.buckets, self._where, self._layout = [], [], {}, None
         super().__init__(model, comm=comm, wire=wire, timeout=timeout)  # (sets self.wire first)
         self._next = 0  # the next bucket to start: in list order on every rank
         self._pending = False
@@ -83,8 +84,10 @@ class GradientAllReduce(AllReduce):
                 # Every bucket on the wrapper's private communicator (not a duplicate each: a
                 # 1B-parameter model has ~160 buckets, and context ids are finite); so buckets
                 # start in one order on every rank.
+                if self._layout is None:  # one node communicator (and one cross-node) for all buckets
+                    self._layout = Layout(self.comm, timeout=self.timeout)
                 averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout, dup=False,
-                                             wire=self.wire)
+                                             wire=self.wire, layout=self._layout)
                 bucket = _Bucket(averager, view, [q for q, _ in group], last=lo == 0)
                 self.buckets.append(bucket)
                 for q, start in group:
@@ -176,5 +179,8 @@ class GradientAllReduce(AllReduce):
         self._hooks = []
         for bucket in self.buckets:
             bucket.averager.free()
+        if self._layout is not None:
+            self._layout.free()
+            self._layout = None
         self.buckets, self.comms = [], []
         super().free()

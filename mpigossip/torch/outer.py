@@ -66,8 +66,9 @@ class _Outer:
         _, self.inner_steps, self.lr, self.momentum, self.nesterov, self.warmup, self.inner_mixing = chosen
         self._exact = []  # inner_mixing: the exact mean of each group at an outer step
         if self.inner_mixing and base != "allreduce-params":
-            self._exact = [AllreduceAverager(z, comm=self.base.comm, timeout=self.base.timeout,
-                                             wire=options.get("wire")) for z in self.base.flat.arrays]
+            # in the model's own dtype: the exact mean stays exact (a format would snap it to its grid)
+            self._exact = [AllreduceAverager(z, comm=self.base.comm, timeout=self.base.timeout)
+                           for z in self.base.flat.arrays]
         with self.base._ordered():
             self.anchors = [a.copy() for a in self.base.flat.arrays]
             self.momenta = [a.copy() for a in self.base.flat.arrays]

@@ -9,8 +9,8 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import (ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL, OPTION_DEFAULTS, OUTER, OUTER_BASES, WIRE,
-                         WIRE_FORMATS)
+from .._registry import (ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL, OPTION_DEFAULTS, OUTER, OUTER_BASES,
+                         PARAMS_WIRE_REFUSED, WIRE, WIRE_FORMATS)
 
 DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
             "batch_size": 32, "steps": 300}
@@ -170,6 +170,8 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError(f"--inner-mixing is for {', '.join(OUTER)}")
     if args.wire is not None:
         unsupported = [a for a in algorithms if (args.base if a in OUTER else a) not in WIRE]
+        if any((args.base if a in OUTER else a) == "allreduce-params" for a in unsupported):
+            raise UsageError(f"--wire: {', '.join(unsupported)}: {PARAMS_WIRE_REFUSED}")
         if unsupported:
             raise UsageError(f"--wire: {', '.join(unsupported)} cannot send compressed messages; "
                              f"choose from {', '.join(WIRE)} (or an outer optimizer over one)")

@@ -157,3 +157,46 @@ def test_pushsum_z_not_matching_x_on_one_rank_raises_everywhere():
         mg.PushSum(x, comm=c, z=z)
     assert "rank 1: z must match x" in str(err.value), str(err.value)
     assert same_on_all_ranks(c, str(err.value))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("algorithm", ["ring", "node-ring"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 3, 7, 1000, 70001])
+def test_the_rings_give_the_exact_mean_and_the_same_bytes_everywhere(algorithm, dtype, n):
+    """The ring and node-aware ring (mpigossip._ring) forced, on sizes below the world size
+    (empty blocks), ragged ones and several segments per block: the exact mean of integer data,
+    the same bytes on every rank, blocking and nonblocking (start, test until done, finish)
+    alike, and repeated use of the same scratch."""
+    c = comm()
+    def data():
+        return ((np.arange(n) % 17) * (c.rank + 1)).astype(dtype)
+    expected = (np.arange(n) % 17) * (c.size + 1) / 2.0
+    x = data()
+    with mg.AllreduceAverager(x, comm=c, algorithm=algorithm, segment_bytes=64 * 4) as avg:
+        assert avg.algorithm == algorithm and algorithm in repr(avg)
+        for _ in range(2):
+            x[:] = data()
+            avg.average()
+            np.testing.assert_allclose(x, expected, rtol=1e-3 if dtype == np.float16 else 1e-12)
+            assert same_on_all_ranks(c, x.tobytes())
+        x[:] = data()
+        avg.start()
+        while not avg.test():
+            pass
+        avg.finish()
+        np.testing.assert_allclose(x, expected, rtol=1e-3 if dtype == np.float16 else 1e-12)
+        assert same_on_all_ranks(c, x.tobytes()) and avg.steps == 3
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_bad_algorithm_or_segment_is_refused_on_every_rank():
+    c = comm()
+    cases = [({"algorithm": "tree"}, "algorithm must be one of"),
+             ({"segment_bytes": 0}, "segment_bytes must be an integer >= 1")]
+    if c.size > 1:
+        cases.append(({"algorithm": "ring" if c.rank == 0 else "mpi"}, "algorithm differs across ranks"))
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message) as err:
+            mg.AllreduceAverager(np.zeros(8), comm=c, **kwargs)
+        assert same_on_all_ranks(c, str(err.value))

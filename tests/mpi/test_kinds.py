@@ -84,12 +84,16 @@ def integer_data(n=1031):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kind, stage", KINDS)
-def test_average_on_every_kind(kind, stage):
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "node-ring"])
+def test_average_on_every_kind(kind, stage, algorithm):
+    """Every allreduce algorithm on every buffer kind against MPI's on numpy, bit for bit
+    (integer data: every order of the additions is exact); the rings in small segments."""
     c = comm()
     host = integer_data()
     ref = host.copy()
     x = make(kind, host)
-    with mg.AllreduceAverager(x, comm=c, stage=stage, chunk_bytes=800) as avg, \
+    with mg.AllreduceAverager(x, comm=c, stage=stage, chunk_bytes=800, algorithm=algorithm,
+                              segment_bytes=8 * 37) as avg, \
             mg.AllreduceAverager(ref, comm=c) as plain:
         avg.average()
         plain.average()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# AllReduce at the network's limit, in one command (root: starts an emulated cluster of 4 nodes at
+# RATE with 2 slots each, removed on any exit):
+#
+#   bash benchmarks/allreduce.sh [RATE] [OUT_DIR] [SIZES_MB]   # default: 1gbit, benchmarks/results
+#
+# benchmarks/bench_allreduce.py at 4 ranks (one per node: 2 ranks per core here) and 8 ranks (two per
+# node: 4 per core, CPU-bound on this machine), under Open MPI's default Allreduce decision and with
+# its ring forced (coll_tuned_allreduce_algorithm 4), then OUT_DIR/allreduce-RATE.{json,md}.
+set -u
+cd "$(dirname "$0")/.."
+RATE=${1:-1gbit}
+OUT=${2:-benchmarks/results}
+SIZES=${3:-0.0625 0.25 0.5 1 4 16}
+PY=$(pwd)/.venv/bin/python
+TMP=$(mktemp -d)
+trap 'bash tests/cluster/stop.sh; rm -rf "$TMP"' EXIT
+bash tests/cluster/start.sh 4 "$RATE" 2 || exit 1
+rate_gbit=$("$PY" -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit', sys.argv[1]); \
+print(float(m.group(1)) * {'': 1e-9, 'k': 1e-6, 'm': 1e-3, 'g': 1}[m.group(2)])" "$RATE")
+for spec in "4 node" "8 slot"; do
+  set -- $spec
+  for label in default ompi-ring; do
+    extra=""
+    [ "$label" = ompi-ring ] && extra="--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4"
+    MPIEXEC_EXTRA="$extra" timeout -k 10 1200 tests/cluster/mpiexec -n "$1" --map-by "$2" "$PY" \
+      benchmarks/bench_allreduce.py --rate-gbit "$rate_gbit" --label "$label" --sizes-mb $SIZES \
+      --out "$TMP/$1-$label.json" || echo "benchmarks/allreduce.sh: $1 ranks, $label: failed" >&2
+  done
+done
+mkdir -p "$OUT"
+"$PY" benchmarks/bench_allreduce.py --merge "$TMP"/*.json --rate "$RATE" --out "$OUT/allreduce-$RATE"
