@@ -12,12 +12,9 @@ cd "$(dirname "$0")/.."
 RATE=${1:-1gbit}
 OUT=${2:-benchmarks/results}
 SIZES=${3:-0.0625 0.25 0.5 1 4 16}
-PY=$(pwd)/.venv/bin/python
 TMP=$(mktemp -d)
-trap 'bash tests/cluster/stop.sh; rm -rf "$TMP"' EXIT
-bash tests/cluster/start.sh 4 "$RATE" 2 || exit 1
-rate_gbit=$("$PY" -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit', sys.argv[1]); \
-print(float(m.group(1)) * {'': 1e-9, 'k': 1e-6, 'm': 1e-3, 'g': 1}[m.group(2)])" "$RATE")
+. benchmarks/_cluster.sh
+start_cluster "$RATE" 2
 for spec in "4 node" "8 slot"; do
   set -- $spec
   for label in default ompi-ring; do

@@ -23,12 +23,9 @@ RATE=${1:-1gbit}
 OUT=${2:-benchmarks/results}
 MODE=${3:-all}
 case "$MODE" in all|p4) ;; *) echo "benchmarks/network.sh: mode is all or p4, not $MODE" >&2; exit 2 ;; esac
-PY=$(pwd)/.venv/bin/python
 TMP=$(mktemp -d)
-trap 'bash tests/cluster/stop.sh; rm -rf "$TMP"' EXIT
-bash tests/cluster/start.sh 4 "$RATE" 2 || exit 1
-rate_gbit=$("$PY" -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit', sys.argv[1]); \
-print(float(m.group(1)) * {'': 1e-9, 'k': 1e-6, 'm': 1e-3, 'g': 1}[m.group(2)])" "$RATE")
+. benchmarks/_cluster.sh
+start_cluster "$RATE" 2
 # Open MPI's tuned Allreduce algorithms (coll_tuned_allreduce_algorithm)
 ALGOS="1:basic-linear 2:nonoverlapping 3:recursive-doubling 4:ring 5:segmented-ring 6:rabenseifner"
 run() {  # RANKS MAP LABEL "PARTS [BENCH FLAGS]" [MCA...]

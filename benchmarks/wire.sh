@@ -10,11 +10,8 @@ cd "$(dirname "$0")/.."
 RATE=${1:-1gbit}
 OUT=${2:-benchmarks/results}
 SIZES=${3:-16}
-PY=$(pwd)/.venv/bin/python
-trap 'bash tests/cluster/stop.sh' EXIT
-bash tests/cluster/start.sh 4 "$RATE" 1 || exit 1
-rate_gbit=$("$PY" -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit', sys.argv[1]); \
-print(float(m.group(1)) * {'': 1e-9, 'k': 1e-6, 'm': 1e-3, 'g': 1}[m.group(2)])" "$RATE")
+. benchmarks/_cluster.sh
+start_cluster "$RATE" 1
 mkdir -p "$OUT"
 timeout -k 10 1800 tests/cluster/mpiexec -n 4 --map-by node "$PY" benchmarks/bench_wire.py --sizes-mb $SIZES \
   --rate-gbit "$rate_gbit" --out "$OUT/wire-$RATE.json" || exit 1
