@@ -161,8 +161,8 @@ def test_pushsum_z_not_matching_x_on_one_rank_raises_everywhere():
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("algorithm", ["ring", "node-ring"])
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-@pytest.mark.parametrize("n", [1, 3, 7, 1000, 70001])
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 70001])
 def test_the_rings_give_the_exact_mean_and_the_same_bytes_everywhere(algorithm, dtype, n):
     """The ring and node-aware ring (mpigossip._ring) forced, on sizes below the world size
     (empty blocks), ragged ones and several segments per block: the exact mean of integer data,
