@@ -98,9 +98,10 @@ class Ring(_Schedule):
         scale: multiplies the sum (1/P for the mean over ``owner``), applied once per element.
     """
 
-    def __init__(self, owner, comm, *, synchronize, segment, scale=1.0, op="allreduce (ring)"):
+    def __init__(self, owner, comm, *, synchronize, segment, scale=1.0, op="allreduce (ring)", claim=None):
         super().__init__(owner, op)
         self.comm, self.synchronize, self.segment, self.scale = comm, synchronize, max(1, int(segment)), scale
+        self.claim = claim or (lambda count: 0)  # the first of ``count`` tags of this run (Layout.claim_tags)
         self._scratch = None
 
     def _peers(self):
@@ -122,6 +123,9 @@ class Ring(_Schedule):
         scratch = self._scratch
         last_rs = p - 2  # steps 0 .. p-2 reduce-scatter, p-1 .. 2p-3 allgather
         total = 2 * (p - 1)
+        # Tags of their own: rings on one communicator (a model's gradient buckets) may be in flight
+        # together and progress in any order, and a message must match its own ring's receive.
+        tag0 = self.claim(total)
 
         def block_in(s):  # the block received at step s
             return (r - s - 1) % p if s <= last_rs else (r - (s - p + 1)) % p
@@ -138,13 +142,13 @@ class Ring(_Schedule):
             for a, b in _segments(lo, hi, self.segment):
                 if s <= last_rs:  # into scratch, added afterwards
                     at = (s % 2) * width + (a - lo)
-                    reqs.append(comm.Irecv(scratch[at:at + b - a], source=left, tag=s))
+                    reqs.append(comm.Irecv(scratch[at:at + b - a], source=left, tag=tag0 + s))
                 else:             # in place: the allgather's blocks are final
-                    reqs.append(comm.Irecv(x[a:b], source=left, tag=s))
+                    reqs.append(comm.Irecv(x[a:b], source=left, tag=tag0 + s))
             recvs[s] = reqs
 
         def post_send(s, a, b):
-            sends.setdefault(s, []).append(comm.Isend(x[a:b], dest=right, tag=s))
+            sends.setdefault(s, []).append(comm.Isend(x[a:b], dest=right, tag=tag0 + s))
 
         self.synchronize()  # the caller's device writes to x come first
         post_recvs(0)
@@ -190,10 +194,11 @@ class NodeRing(_Schedule):
     (``cross``: the ranks with this local rank, one per node), allgather inside the node.
     Every node must have the same number of ranks."""
 
-    def __init__(self, owner, node, cross, *, synchronize, segment, scale=1.0, op="allreduce (node-aware ring)"):
+    def __init__(self, owner, node, cross, *, synchronize, segment, scale=1.0, op="allreduce (node-aware ring)",
+                 claim=None):
         super().__init__(owner, op)
         self.node, self.cross = node, cross
-        self.ring = Ring(owner, cross, synchronize=synchronize, segment=segment, scale=scale, op=op)
+        self.ring = Ring(owner, cross, synchronize=synchronize, segment=segment, scale=scale, op=op, claim=claim)
         self.synchronize = synchronize
         self._shard = None
 
@@ -256,6 +261,17 @@ class Layout:
         self.uniform = len(set(locals_)) == 1
         self.nodes = comm.Get_size() // self.local_size if self.uniform else None
         self._cross = None
+        self._runs = 0  # rings started on this layout's communicators (the same count on every rank)
+
+    def claim_tags(self, count):
+        """The first of ``count`` message tags for the next ring run: consecutive runs get
+        disjoint windows, cycling within the MPI's tag bound (Open MPI's: 2^31 - 1). Every rank
+        starts its rings in the same order, so every rank gives a run the same window."""
+        from ._base import tag_bound
+        windows = max(1, (tag_bound() + 1) // count)
+        base = (self._runs % windows) * count
+        self._runs += 1
+        return base
 
     @property
     def cross(self):

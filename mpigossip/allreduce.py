@@ -37,7 +37,9 @@ class AllreduceAverager(Communicator):
         algorithm: how the bytes move: ``"mpi"`` (MPI's ``Allreduce``), ``"ring"`` (a ring over
             ``Isend``/``Irecv``, segmented and pipelined), ``"node-ring"`` (reduce-scatter in
             each node's shared memory, one ring per local rank between nodes, allgather in the
-            node), or ``"auto"`` (default): MPI's on one node and for small buffers, the
+            node; ``start()``/``finish()`` run the flat ring, since overlapping averagers would
+            begin the node's nonblocking collectives in different orders on different ranks),
+            or ``"auto"`` (default): MPI's on one node and for small buffers, the
             node-aware ring across nodes with several ranks per node, else the flat ring (the
             crossovers measured: docs/RESULTS.md). Same on every rank.
         segment_bytes: the rings' message size (256 KiB). Same on every rank.
@@ -65,14 +67,18 @@ class AllreduceAverager(Communicator):
         self.algorithm = self.layout.choose(algorithm, self.buffer.nbytes)
         segment = max(1, segment_bytes // self.buffer.dtype.itemsize)
         sync = self.buffer.synchronize if self.buffer.on_device else (lambda: None)
-        if self.algorithm == "ring":
-            self._ring = Ring(self, self.comm, synchronize=sync, segment=segment, scale=1.0 / self.size,
-                              op=f"{self._name}.average (ring)")
-        elif self.algorithm == "node-ring":
+        # start()/finish() always run a flat ring: the node-aware one's node collectives would be
+        # begun in a different order on different ranks when several averagers overlap (a model's
+        # buckets), which MPI's nonblocking collectives do not allow.
+        self._ring = self._nonblocking_ring = None
+        if self.algorithm in ("ring", "node-ring"):
+            self._nonblocking_ring = Ring(self, self.comm, synchronize=sync, segment=segment, scale=1.0 / self.size,
+                                          op=f"{self._name}.finish (ring)", claim=self.layout.claim_tags)
+            self._ring = self._nonblocking_ring
+        if self.algorithm == "node-ring":
             self._ring = NodeRing(self, self.layout.node, self.layout.cross, synchronize=sync, segment=segment,
-                                  scale=1.0 / self.size, op=f"{self._name}.average (node-aware ring)")
-        else:
-            self._ring = None
+                                  scale=1.0 / self.size, op=f"{self._name}.average (node-aware ring)",
+                                  claim=self.layout.claim_tags)
         self._compressed = (WireAllreduce(self, wire, stage=stage, cuda_aware=cuda_aware)
                             if wire is not None and self.size > 1 else None)
         self._transport = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
@@ -138,9 +144,9 @@ class AllreduceAverager(Communicator):
             self._request = self._compressed
             return
         self._transport.before_send()
-        if self._ring is not None:
-            self._ring.start(self._transport.memory)
-            self._request = self._ring
+        if self._nonblocking_ring is not None:
+            self._nonblocking_ring.start(self._transport.memory)
+            self._request = self._nonblocking_ring
             return
         self._request = self.comm.Iallreduce(MPI.IN_PLACE, self._transport.spec, MPI.SUM)
 
@@ -150,8 +156,8 @@ class AllreduceAverager(Communicator):
             raise RuntimeError(f"{self._name}.test(): nothing started")
         if self._compressed is not None:
             return self._compressed.test()
-        if self._ring is not None:
-            return self._ring.test()
+        if self._nonblocking_ring is not None:
+            return self._nonblocking_ring.test()
         return self._request.Test()
 
     def finish(self):
@@ -163,9 +169,9 @@ class AllreduceAverager(Communicator):
             self._compressed.finish()
             self.steps += 1
             return
-        if self._ring is not None:  # scaled by the ring
+        if self._nonblocking_ring is not None:  # scaled by the ring
             self._request = None
-            self._ring.wait()
+            self._nonblocking_ring.wait()
             self._transport.after_recv()
             self.buffer.release()
             self.steps += 1

@@ -200,3 +200,32 @@ def test_a_bad_algorithm_or_segment_is_refused_on_every_rank():
         with pytest.raises(ValueError, match=message) as err:
             mg.AllreduceAverager(np.zeros(8), comm=c, **kwargs)
         assert same_on_all_ranks(c, str(err.value))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("algorithm", ["ring", "node-ring"])
+def test_rings_in_flight_together_on_one_communicator_keep_their_messages(algorithm):
+    """A model's gradient buckets: several averagers on one communicator (one layout, dup=False),
+    started in order and driven in the reverse order, as a backward pass may. With one tag
+    scheme for every ring, a later ring's message matched an earlier ring's receive; each ring
+    now has tags of its own."""
+    from mpigossip._ring import Layout
+    c = comm()
+    shared = c.Dup()
+    layout = Layout(shared, timeout=60)
+    xs = [np.full(5000 + 1000 * i, float(c.rank + 10 * i)) for i in range(3)]
+    avgs = [mg.AllreduceAverager(x, comm=shared, dup=False, layout=layout, algorithm=algorithm, segment_bytes=4096)
+            for x in xs]
+    for a in avgs:
+        a.start()
+    done = set()
+    while len(done) < len(avgs):
+        for i in reversed(range(len(avgs))):
+            if i not in done and avgs[i].test():
+                done.add(i)
+    for i, (a, x) in enumerate(zip(avgs, xs)):
+        a.finish()
+        np.testing.assert_array_equal(x, np.full(x.size, (c.size - 1) / 2 + 10 * i))
+        a.free()
+    layout.free()
+    shared.Free()
