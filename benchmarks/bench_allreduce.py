@@ -94,7 +94,8 @@ def main():
     layout.free()
     if comm.rank == 0 and args.out:
         with open(args.out, "w") as f:
-            json.dump({"meta": {"commit": setup.commit(), "versions": setup.versions(), "command": " ".join(sys.argv),
+            command = " ".join(os.path.basename(a) if a == args.out else a for a in sys.argv)  # no machine path
+            json.dump({"meta": {"commit": setup.commit(), "versions": setup.versions(), "command": command,
                                 "repeats": args.repeats, "rate_gbit": args.rate_gbit, "machine": setup.machine()},
                        "rows": rows}, f, indent=1)
 
