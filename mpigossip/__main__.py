@@ -9,6 +9,7 @@ traceback, instead of leaving the other ranks waiting.
 import argparse
 import sys
 
+from . import progress
 from .train import cli
 
 
@@ -83,9 +84,10 @@ def build_parser():
                         help="srun --mpi=pmix, or the MPI's own mpirun inside the allocation (default: srun)")
     launch.add_argument("--retries", type=int, default=1,
                         help="launch again this many times after a crash inside MPI_Init under srun (default: 1)")
-    launch.add_argument("--progress-thread", action="store_true",
-                        help="turn on Open MPI's TCP progress thread (OMPI_MCA_btl_tcp_progress_thread=1, unless "
-                        "set): one-sided methods (easgd, asgd, gossip-pull, adpsgd) at the link's pace across nodes")
+    launch.add_argument("--progress-thread", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+                        help="Open MPI's TCP progress thread (OMPI_MCA_btl_tcp_progress_thread, unless set): on, "
+                        "off, or auto: train and compare turn it on for one-sided methods (easgd, asgd, gossip-pull, "
+                        "adpsgd) across nodes when each rank has a core (default: %(default)s; bare: on)")
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="what every task runs")
     return parser, commands
@@ -140,6 +142,10 @@ def _run(args):
     if args.command == "info":
         from . import info
         return info.main(args)
+    if args.command in ("train", "compare"):   # before MPI starts: Open MPI reads it in MPI_Init
+        decision = progress.apply(cli.algorithms_of(args))
+        if decision.changed:
+            _print_on_rank0(f"mpigossip: {decision.describe()}\n")
     if args.command == "train":
         from .train import job
         return job.main(args)

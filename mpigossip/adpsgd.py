@@ -61,7 +61,7 @@ class ADPSGD(Communicator):
         self._rng = random.Random(f"{seed}:{self.rank}")
         self._x = buffers.Transport(self.buffer, stage=self.buffer.on_device)
         n, itemsize = self.buffer.size, self.buffer.dtype.itemsize
-        self.win = MPI.Win.Allocate(0 if self.active else n * itemsize, itemsize, comm=self.comm)
+        self.win = rma.allocate(self.comm, 0 if self.active else n * itemsize, itemsize, what=self._name)
         self._unified = self.win.Get_attr(MPI.WIN_MODEL) == MPI.WIN_UNIFIED
         self._scratch = np.empty(n, dtype=self.buffer.dtype)   # the peer's model / x_last
         if not self.active:

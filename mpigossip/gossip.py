@@ -88,7 +88,7 @@ class Gossip(Communicator):
 
     def _open_window(self):
         itemsize = self.buffer.dtype.itemsize
-        self.win = MPI.Win.Allocate(self.buffer.nbytes, itemsize, comm=self.comm)
+        self.win = rma.allocate(self.comm, self.buffer.nbytes, itemsize, what=self._name)
         self._published = np.frombuffer(self.win.tomemory(), dtype=self.buffer.dtype)
         self._unified = self.win.Get_attr(MPI.WIN_MODEL) == MPI.WIN_UNIFIED
         self._publish()

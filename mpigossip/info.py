@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import mpigossip
 
-from . import buffers, deadline
+from . import buffers, deadline, progress
 
 _THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                   MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
@@ -47,8 +47,7 @@ def one_sided_progress():
     settings: Open MPI's TCP progress thread on or off, or unknown for another MPI."""
     if "Open MPI" not in MPI.Get_library_version():
         return "unknown (not Open MPI: see the README's notes on one-sided progress)"
-    value = os.environ.get("OMPI_MCA_btl_tcp_progress_thread", "").strip().lower()
-    if value in ("1", "true", "yes", "enabled"):
+    if progress.is_on():
         return "on (Open MPI TCP progress thread)"
     return "off: across nodes over TCP a computing rank stalls one-sided exchanges aimed at it " \
            "(OMPI_MCA_btl_tcp_progress_thread=1 turns Open MPI's progress thread on)"

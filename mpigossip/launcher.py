@@ -22,15 +22,6 @@ LOCAL_DEFAULTS = {
 }
 ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
-#: Progress for one-sided (RMA) methods across nodes, an explicit choice (README, "One-sided
-#: progress on your cluster"): over Open MPI's TCP transport a passive target's gets, locks and
-#: accumulates progress only while the target rank is inside MPI, so a computing rank stalls every
-#: exchange aimed at it. Open MPI's TCP progress thread serves them meanwhile (docs/RESULTS.md,
-#: P4) but slows CPU-bound runs with fewer cores than ranks (the MPI suite across the emulated
-#: nodes), so no launcher sets it by itself;
-#: ``python -m mpigossip launch --progress-thread`` and ``info`` report and apply it.
-PROGRESS_THREAD = {"OMPI_MCA_btl_tcp_progress_thread": "1"}
-
 
 def local_env(environ=None):
     """The environment for a local run: ``environ`` plus the defaults it lacks."""

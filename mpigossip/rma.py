@@ -12,12 +12,20 @@ defines them, so cutting them changes nothing but the number of requests.
 ``$MPIGOSSIP_RMA_CHUNK_BYTES`` sets the piece size (``0``: one request per transfer, for a
 fabric whose one-sided operations prefer large messages); the default is half of Open MPI's
 ``btl_tcp_max_send_size`` when it is set in the environment, else 64 KiB.
+
+Every one-sided communicator opens its window with :func:`allocate`, which also says once
+(rank 0, a ``RuntimeWarning``) when the window spans nodes while Open MPI's TCP progress
+thread is off (:mod:`mpigossip.progress`).
 """
 
 import functools
 import os
+import sys
+import warnings
 
 from mpi4py import MPI
+
+from . import progress
 
 #: Environment variable holding the piece size in bytes (0: do not cut).
 CHUNK_ENV = "MPIGOSSIP_RMA_CHUNK_BYTES"
@@ -40,6 +48,52 @@ def chunk_bytes():
     if fragment.isdigit() and int(fragment) >= 2:
         return int(fragment) // 2
     return _DEFAULT_CHUNK
+
+
+_warned = False
+
+
+def spans_nodes(comm):
+    """Collective: whether ``comm``'s ranks are on more than one node."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() < comm.Get_size()
+    finally:
+        node.Free()
+
+
+def progress_warning(comm, what):
+    """Collective: the warning text for a one-sided ``what`` on ``comm`` when its windows span
+    nodes with Open MPI's TCP progress thread left unset, else None."""
+    if "Open MPI" not in MPI.Get_library_version() or os.environ.get(progress.VARIABLE, "").strip():
+        return None
+    if not spans_nodes(comm):
+        return None
+    return (f"{what}: one-sided windows across nodes with Open MPI's TCP progress thread off: over TCP a rank that "
+            f"computes stalls every exchange aimed at it. {progress.VARIABLE}=1 turns the thread on (python -m "
+            f"mpigossip launch --progress-thread on; train and compare do it when each rank has a core), =0 "
+            f"silences this")
+
+
+def _outside_package():
+    """The ``stacklevel`` of the first caller outside mpigossip (the user's line)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def allocate(comm, nbytes, itemsize, *, what):
+    """Collective: ``MPI.Win.Allocate(nbytes, itemsize, comm=comm)`` for the one-sided
+    communicator named ``what``, warning once per process (on rank 0) when it runs across
+    nodes without progress (:func:`progress_warning`)."""
+    global _warned
+    text = progress_warning(comm, what)   # collective on every call: ranks may differ in _warned
+    if text and comm.Get_rank() == 0 and not _warned:
+        _warned = True
+        warnings.warn(text, RuntimeWarning, stacklevel=_outside_package())
+    return MPI.Win.Allocate(nbytes, itemsize, comm=comm)
 
 
 def pieces(count, itemsize):

@@ -105,7 +105,8 @@ class ParameterServer(MPIObject):
         self.bounds = shard_bounds(self.size_elements, servers)
         self.is_server = self.rank < servers
         lo, hi = self.bounds[self.rank] if self.is_server else (0, 0)
-        self.win = MPI.Win.Allocate((hi - lo) * self.dtype.itemsize, self.dtype.itemsize, comm=self.comm)
+        self.win = rma.allocate(self.comm, (hi - lo) * self.dtype.itemsize, self.dtype.itemsize,
+                                 what=self._name)
         self.shard = np.frombuffer(self.win.tomemory(), dtype=self.dtype) if hi > lo else None
         if self.shard is not None:
             self.win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)

@@ -23,7 +23,8 @@ import signal
 import subprocess
 import sys
 
-from .launcher import PROGRESS_THREAD, ROOT_DEFAULTS, find_beside_python
+from . import progress
+from .launcher import ROOT_DEFAULTS, find_beside_python
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -56,16 +57,18 @@ def even_tasks(environ):
     return len({re.sub(r"\(x\d+\)$", "", part) for part in counts}) <= 1
 
 
-def command(launcher, program, environ=None, *, progress_thread=False):
-    """``(argv, env)`` that start ``program`` on every task of the allocation; with
-    ``progress_thread``, Open MPI's TCP progress thread on (one-sided methods across nodes,
-    :data:`mpigossip.launcher.PROGRESS_THREAD`) unless the environment already chose."""
+def command(launcher, program, environ=None, *, progress_thread="auto"):
+    """``(argv, env)`` that start ``program`` on every task of the allocation. ``progress_thread``
+    ``"on"`` or ``"off"`` sets Open MPI's TCP progress thread (one-sided methods across nodes,
+    :mod:`mpigossip.progress`) unless the environment already chose; ``"auto"`` leaves it to
+    ``train``/``compare`` on each node."""
     environ = dict(os.environ if environ is None else environ)
     if not program:
         raise LaunchError("no command to launch: python -m mpigossip launch [...] -- COMMAND ...")
-    if progress_thread:
-        for key, value in PROGRESS_THREAD.items():
-            environ.setdefault(key, value)
+    if progress_thread not in ("auto", "on", "off"):
+        raise LaunchError(f"progress_thread must be auto, on or off, got {progress_thread!r}")
+    if progress_thread != "auto":
+        environ.setdefault(progress.VARIABLE, "1" if progress_thread == "on" else "0")
     if launcher == "srun":
         return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"] + list(program), environ
     if not environ.get("SLURM_NTASKS"):
@@ -118,7 +121,7 @@ class Step:
         return 128 - rc if rc < 0 else rc
 
 
-def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thread=False):
+def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thread="auto"):
     """Run ``program`` on the allocation's tasks; returns the exit status. See the module docstring."""
     say = say or (lambda text: print(f"mpigossip launch: {text}", file=sys.stderr, flush=True))
     if launcher not in LAUNCHERS:

@@ -128,19 +128,24 @@ def test_usage_errors():
     assert proc.returncode == 2 and "--retries must be >= 0" in proc.stderr
 
 
-def test_the_progress_thread_is_an_explicit_choice():
-    """Open MPI's TCP progress thread (one-sided methods at the link's pace across nodes): off
-    unless asked for (`launch --progress-thread`, or the user's own variable), never over the
-    user's own setting."""
+def test_launch_sets_the_progress_thread_only_when_told():
+    """`launch --progress-thread on|off` sets Open MPI's TCP progress thread for every task, never
+    over the user's own setting; `auto` (the default) leaves it to train/compare on each node."""
     from mpigossip import launcher
     key = "OMPI_MCA_btl_tcp_progress_thread"
     assert key not in launcher.local_env({}) and key not in slurm.command("srun", ["p"], {})[1]
-    for env in (slurm.command("srun", ["p"], {}, progress_thread=True)[1],
-                slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"}, progress_thread=True)[1]):
-        assert env[key] == "1"
-    assert slurm.command("srun", ["p"], {key: "0"}, progress_thread=True)[1][key] == "0"
+    for value, expected in (("on", "1"), ("off", "0")):
+        for env in (slurm.command("srun", ["p"], {}, progress_thread=value)[1],
+                    slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"},
+                                  progress_thread=value)[1]):
+            assert env[key] == expected
+    assert slurm.command("srun", ["p"], {key: "0"}, progress_thread="on")[1][key] == "0"
+    with pytest.raises(slurm.LaunchError, match="auto, on or off"):
+        slurm.command("srun", ["p"], {}, progress_thread=True)
     from mpigossip.__main__ import parse
-    assert parse(["launch", "--progress-thread", "--", "true"]).progress_thread
+    assert parse(["launch", "--progress-thread", "--", "true"]).progress_thread == "on"
+    assert parse(["launch", "--progress-thread", "off", "--", "true"]).progress_thread == "off"
+    assert parse(["launch", "--", "true"]).progress_thread == "auto"
 
 
 def test_info_reports_one_sided_progress(monkeypatch):

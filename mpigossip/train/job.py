@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .. import deadline
+from .. import deadline, progress
 from .. import topology as topo_mod
 from .. import torch as mgt
 from ..info import gpu_count, local_rank, placement
@@ -243,7 +243,8 @@ class Run:
                    "wall_time_s": wall_max, "train_time_s": train_max,
                    "time_per_step_s": train_max / max(1, done), "throughput_steps_s": throughput,
                    "compute_time_s": compute / self.size, "comm_time_s": comm_s / self.size,
-                   "wait_time_s": wait / self.size, "blocked_in_mpi_s": blocked / self.size}
+                   "wait_time_s": wait / self.size, "blocked_in_mpi_s": blocked / self.size,
+                   "tcp_progress_thread": progress.is_on()}
         if self.metrics_file is not None:
             self.metrics_file.close()
         if self.out and self.rank == 0:

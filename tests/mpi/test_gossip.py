@@ -109,3 +109,31 @@ def test_bad_arguments_raise_everywhere():
     assert "rank 0: mode must be one of" in str(err.value) and same_on_all_ranks(c, str(err.value))
     with pytest.raises(ValueError, match="tau"):
         mg.Gossip(np.zeros(4), comm=c, tau=0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_sided_windows_across_nodes_without_progress_warn_once(monkeypatch):
+    """A one-sided communicator whose windows span nodes while Open MPI's TCP progress thread is
+    unset says so once, on rank 0, naming the setting; on one node, or with the thread set,
+    nothing (on the emulated cluster this runs across nodes, on one machine on one node)."""
+    import os
+    import warnings
+
+    from mpi4py import MPI
+
+    from mpigossip import progress, rma
+    c = comm()
+    node = c.Split_type(MPI.COMM_TYPE_SHARED)
+    spans = node.Get_size() < c.Get_size()
+    node.Free()
+    expected = (spans and "Open MPI" in MPI.Get_library_version()
+                and not os.environ.get(progress.VARIABLE, "").strip() and c.rank == 0)
+    monkeypatch.setattr(rma, "_warned", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            mg.Gossip(np.zeros(8), comm=c, mode="pull").free()
+        mg.ParameterServer(8, np.float64, comm=c).free()
+    said = [str(w.message) for w in caught if "progress thread" in str(w.message)]
+    assert len(said) == (1 if expected else 0), said
+    assert all(progress.VARIABLE in text and text.startswith("Gossip:") for text in said), said
