@@ -3,6 +3,8 @@
 import numbers
 import warnings
 
+import numpy as np
+
 from . import buffers, kernels
 from ._base import Steps
 from ._checks import check_integer
@@ -91,10 +93,28 @@ class ElasticAveraging(_Worker):
         ``alpha * (x - center)``."""
         self._check_open()
         center = self._center.array
+        if not self.buffer.on_device and self.server.atomicity == "lock":
+            self._exchange_per_shard()
+            return
         self.server.pull(center)
         self.buffer.acquire()  # the user's pending writes to x come first
         kernels.elastic(self.buffer.array, center, self.alpha)  # center now holds u
         self.server.push(center)  # waits for the kernel (device-to-host copy)
+        self.buffer.release()
+        self.steps += 1
+
+    def _exchange_per_shard(self):
+        """Host buffers, lock mode: the exchange as one read-modify-write per shard of the
+        center (``server.update``): one get and one put of the model instead of pull, get, put."""
+        x, alpha = self.buffer.array, self.alpha
+
+        def move(lo, hi, shard):
+            u = self._center.array[lo:hi]
+            np.copyto(u, shard)
+            kernels.elastic(x[lo:hi], u, alpha)     # u = alpha (x - center); x -= u
+            kernels.weighted_sum(shard, shard, 1.0, [u], [1.0])   # center += u
+        self.buffer.acquire()
+        self.server.update(move)
         self.buffer.release()
         self.steps += 1
 

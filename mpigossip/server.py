@@ -11,7 +11,8 @@ epoch on every rank (``Lock_all``) and then
 
 Server ranks take no part in either call. Across nodes (``atomicity="lock"``, the default
 when the ranks do not all share memory) a push is instead ``Lock(EXCLUSIVE)`` + ``Get`` +
-add + ``Put`` + ``Unlock`` per shard and a pull ``Lock(SHARED)`` + ``Get``: Open MPI 5's
+add + ``Put`` + ``Unlock`` per shard and a pull ``Lock(SHARED)`` + ``Get`` (:meth:`update`, a
+read-modify-write per shard, serves EASGD's exchange with one get and one put): Open MPI 5's
 osc/rdma over TCP was seen to hang inside ``MPI_Raccumulate`` (every rank spinning in the
 call, so no deadline can fire) in 3 of 4 runs of the test suite across emulated nodes,
 while exclusive locks with get/put ran without fault; osc/ucx has the opposite faults. A server rank can also be a worker
@@ -139,7 +140,7 @@ class ParameterServer(MPIObject):
         else:
             data = buf.array
         if self.atomicity == "lock":
-            for s, (lo, hi) in enumerate(self.bounds):
+            for s, (lo, hi) in self._rotated():
                 shard = self._scratch[:hi - lo]
                 self.win.Lock(s, MPI.LOCK_EXCLUSIVE)
                 self._wait(rma.rget(self.win, shard, self.datatype, s), "push (Rget)", peer=s)
@@ -153,6 +154,42 @@ class ParameterServer(MPIObject):
             for s in range(self.servers):
                 self.win.Flush(s)
         self.pushes += 1
+
+    def update(self, fn):
+        """Read-modify-write of the center, shard by shard (one lock at a time, starting at
+        this rank's own shard): ``fn(lo, hi, shard)``
+        changes ``shard`` (a host array holding ``center[lo:hi]`` as read) in place, and the
+        change is written back. Lock mode: each shard under an exclusive lock, ``Get`` then
+        ``Put`` (no other push between this read and this write; the shard crosses the link
+        twice, not three times as in :meth:`pull` + :meth:`push`; other workers pipeline on
+        the other shards meanwhile). Accumulate mode: an atomic read, then the difference
+        accumulated (as :meth:`pull` + :meth:`push`)."""
+        self._check_open()
+        for s, (lo, hi) in self._rotated():
+            shard = self._scratch[:hi - lo]
+            if self.atomicity == "lock":
+                self.win.Lock(s, MPI.LOCK_EXCLUSIVE)
+                self._wait(rma.rget(self.win, shard, self.datatype, s), "update (Rget)", peer=s)
+                fn(lo, hi, shard)
+                self._wait(rma.rput(self.win, shard, self.datatype, s), "update (Rput)", peer=s)
+                self.win.Unlock(s)
+            else:
+                self._wait(rma.rget_accumulate(self.win, self._origin, shard, self.datatype, s),
+                           "update (Rget_accumulate)", peer=s)
+                before = shard.copy()
+                fn(lo, hi, shard)
+                kernels.weighted_sum(shard, shard, 1.0, [before], [-1.0])
+                self._wait(rma.raccumulate(self.win, shard, self.datatype, s), "update (Raccumulate)", peer=s)
+                self.win.Flush(s)
+        self.pulls += 1
+        self.pushes += 1
+
+    def _rotated(self):
+        """``(server, (lo, hi))`` for every shard, starting at this rank's own (rank modulo
+        servers): workers taking one shard's lock at a time then start spread over the shards
+        instead of queueing on the first."""
+        start = self.rank % self.servers
+        return [(s, self.bounds[s]) for s in list(range(start, self.servers)) + list(range(start))]
 
     def _per_shard(self, post):
         """Post ``post(server, lo, hi)``'s requests for every shard; return them and a callable
@@ -170,7 +207,7 @@ class ParameterServer(MPIObject):
         buf = self._host(out, "out")
         host = np.empty(buf.size, self.dtype) if buf.on_device else buf.array
         if self.atomicity == "lock":
-            for s, (lo, hi) in enumerate(self.bounds):
+            for s, (lo, hi) in self._rotated():
                 self.win.Lock(s, MPI.LOCK_SHARED)
                 self._wait(rma.rget(self.win, host[lo:hi], self.datatype, s), "pull (Rget)", peer=s)
                 self.win.Unlock(s)

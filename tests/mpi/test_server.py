@@ -56,12 +56,16 @@ def test_pull_never_returns_a_torn_element(atomicity):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_easgd_conserves_mass_and_converges():
+@pytest.mark.parametrize("atomicity, servers", [(None, 1), ("lock", 1), ("lock", 2)])
+def test_easgd_conserves_mass_and_converges(atomicity, servers):
+    """Exact mass over concurrent exchanges: in lock mode each exchange is one read-modify-write
+    (pull(for_update=True), then a push that writes without reading again)."""
     c = comm()
     n = 64
     x = np.full(n, float(4 * c.rank))  # dyadic data, alpha = 1/2: exact arithmetic
     center0 = np.full(n, 1.0)
-    srv = mg.ParameterServer(n, np.float64, comm=c, servers=1, init=center0)
+    srv = mg.ParameterServer(n, np.float64, comm=c, servers=min(servers, c.size), init=center0,
+                             atomicity=atomicity)
     total = global_sum(c, x) + center0
     ea = mg.Every(mg.ElasticAveraging(x, srv, beta=0.5, workers=1), 2)
     # Every exchange, by anyone, may halve the center's denominator: keep the total number
@@ -130,4 +134,26 @@ def test_bad_arguments_raise_everywhere():
             mg.ElasticAveraging(np.zeros(10), srv, workers=workers)
     with pytest.raises(ValueError, match="server holds"):
         mg.ElasticAveraging(np.zeros(11), srv)
+    srv.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("atomicity", [None, "lock"])
+def test_update_is_a_read_modify_write_per_shard(atomicity):
+    """Every rank adds 1 to what it read, 20 times, all at once: in lock mode an update lost
+    between a read and its write would show as a count short of 20 x size."""
+    c = comm()
+    n = 5000
+    srv = mg.ParameterServer(n, np.float64, comm=c, servers=min(2, c.size), atomicity=atomicity)
+    seen = []
+
+    def add_one(lo, hi, shard):
+        seen.append((lo, hi))
+        shard += 1.0
+    for _ in range(20):
+        srv.update(add_one)
+    c.Barrier()
+    assert np.array_equal(srv.pull(np.empty(n)), np.full(n, 20.0 * c.size))
+    assert sorted(seen[:srv.servers]) == srv.bounds and (srv.pushes, srv.pulls) == (20, 21)
+    assert seen[0] == srv.bounds[c.rank % srv.servers]   # each rank starts at its own shard
     srv.free()
