@@ -162,6 +162,11 @@ class AsyncSGD(_Worker):
             warnings.warn("AsyncSGD.step(delta) is deprecated: update x, then call step()", DeprecationWarning,
                           stacklevel=2)
             self.server.push(delta)
+        elif not self.buffer.on_device and self.server.atomicity == "lock":
+            self.server.update(self._push_pull)   # one get and one put per shard, not get, put, get
+            self.buffer.release()
+            self.steps += 1
+            return
         else:
             kernels.weighted_sum(self._delta.array, x, self.share, [self._pulled.array], [-self.share])
             self.server.push(self._delta.array)  # waits for the kernel (device-to-host copy)
@@ -169,6 +174,15 @@ class AsyncSGD(_Worker):
         kernels.weighted_sum(self._pulled.array, x, 1.0)
         self.buffer.release()
         self.steps += 1
+
+    def _push_pull(self, lo, hi, shard):
+        """One shard of a host step in lock mode: ``shard += share * (x - x_pulled)``, then
+        ``x = x_pulled = shard`` (the center with this push in it)."""
+        x, pulled, delta = self.buffer.array[lo:hi], self._pulled.array[lo:hi], self._delta.array[lo:hi]
+        kernels.weighted_sum(delta, x, self.share, [pulled], [-self.share])
+        kernels.weighted_sum(shard, shard, 1.0, [delta], [1.0])
+        np.copyto(x, shard)
+        np.copyto(pulled, shard)
 
     def _load_state(self, state):
         """``x`` is restored first (it is the caller's: a checkpoint holds x as last pulled):

@@ -157,3 +157,23 @@ def test_update_is_a_read_modify_write_per_shard(atomicity):
     assert sorted(seen[:srv.servers]) == srv.bounds and (srv.pushes, srv.pulls) == (20, 21)
     assert seen[0] == srv.bounds[c.rank % srv.servers]   # each rank starts at its own shard
     srv.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("atomicity, servers", [(None, 1), ("lock", 1), ("lock", 2)])
+def test_async_sgd_pushes_its_update_and_pulls_a_center_holding_it(atomicity, servers):
+    """AsyncSGD.step() (in lock mode one read-modify-write per shard): every push lands exactly
+    once, and the x it returns holds at least this rank's own pushes."""
+    c = comm()
+    n = 40
+    srv = mg.ParameterServer(n, np.float64, comm=c, servers=min(servers, c.size), atomicity=atomicity)
+    x = np.zeros(n)
+    worker = mg.AsyncSGD(x, srv)
+    for k in range(10):
+        x -= 0.5                     # the local optimizer's update
+        worker.step()
+        assert x.max() <= -0.5 * (k + 1), x
+    c.Barrier()
+    assert np.array_equal(srv.pull(np.empty(n)), np.full(n, -5.0 * c.size))
+    worker.free()
+    srv.free()
