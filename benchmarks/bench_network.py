@@ -83,6 +83,8 @@ def main():
                         default=["allreduce", "sgp", "osgp", "osgp:4", "agp", "gossip-pull", "easgd", "adpsgd"],
                         help="P4 algorithms; osgp:D = OSGP with max_delay D (default max_delay 1); easgd:S = EASGD with its "
                         "center sharded over S server ranks (default 1)")
+    parser.add_argument("--p2-chunk-kb", type=int, help="P2: PushSum's chunk_bytes / 1024 (default: its own)")
+    parser.add_argument("--p2-slots", type=int, help="P2: PushSum's slots (default: its own)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
@@ -108,7 +110,9 @@ def main():
                              link_other=limit * 1e3 / row["other_ms"]))
 
         if size > 1 and "p2" in args.parts:
-            with mg.PushSum(x, comm=comm, topology=mg.topology.ExponentialGraph(peers=1)) as ps:
+            pipeline = {k: v for k, v in (("chunk_bytes", args.p2_chunk_kb and args.p2_chunk_kb << 10),
+                                          ("slots", args.p2_slots)) if v}
+            with mg.PushSum(x, comm=comm, topology=mg.topology.ExponentialGraph(peers=1), **pipeline) as ps:
                 bound = ps.topology
                 recv = np.empty_like(raw)
                 step = [0]
@@ -122,6 +126,7 @@ def main():
 
                 row = side_by_side(comm, "P2 PushSum.step / Isend+Irecv", mb, ps.step, exchange, args.repeats,
                                    algorithm=args.label, nodes=n_nodes)
+                row.update(chunk_bytes=ps._pipeline.chunk * x.itemsize, slots=ps._pipeline.slots)
                 period = max(1, (size - 1).bit_length())
                 limit = pushsum_link_bytes(bound, nodes, period) * nbytes / rate
                 rows.append(dict(row, limit_ms=limit * 1e3, link_ours=limit * 1e3 / row["ours_ms"],
