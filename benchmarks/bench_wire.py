@@ -1,6 +1,7 @@
 """Compressed messages against the buffer's own dtype, side by side in one launch.
 
-    mpiexec -n 4 python benchmarks/bench_wire.py [--sizes-mb 16] [--repeats 9] [--rate-gbit 1] [--out FILE.json]
+    mpiexec -n 4 python benchmarks/bench_wire.py [--sizes-mb 16] [--repeats 9] [--rate-gbit 1] [--node-aware]
+        [--out FILE.json]
 
 For each size and wire format (bf16, fp16, int8), alternately, repeat after repeat:
 
@@ -8,8 +9,11 @@ For each size and wire format (bf16, fp16, int8), alternately, repeat after repe
 * ``AllreduceAverager.average`` with ``wire=FMT`` (reduce-scatter + allgather of encoded
   shards) / the float32 one (MPI's ``Allreduce``);
 
-and, on one rank with no messages, the arithmetic alone: PushSum's encode-with-kept-error
-plus decode-combine of one message, over float32's combine (``cpu_ms``). Each row gives the
+* with ``--node-aware`` (several ranks per node): ``AllreduceAverager.average`` with
+  ``wire=FMT`` node-aware (``algorithm="node-ring"``) / the flat compressed one;
+
+and, on one rank with no messages, the arithmetic alone: PushSum's encode-with-kept-error plus
+decode-combine of one message, over float32's combine (``cpu_ms``). Each row gives the
 median time of each side, the median ratio (quartiles), and the bytes one rank sends. Run it
 on several nodes (``benchmarks/wire.sh`` starts the emulated cluster): on one node shared
 memory moves bytes faster than the formats save.
@@ -59,6 +63,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--rate-gbit", type=float, default=1.0, help="each node's link rate, for the table")
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    parser.add_argument("--node-aware", action="store_true",
+                        help="also the node-aware compressed mean (algorithm='node-ring': reduce inside each node, "
+                        "compress between nodes) against the flat one, per format (several ranks per node)")
     parser.add_argument("--out", help="write the rows and the run's metadata as JSON here")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
@@ -81,8 +88,16 @@ def main():
                 with mg.AllreduceAverager(x, comm=comm, wire=fmt) as ar:
                     rows.append(side_by_side(comm, f"AllreduceAverager {fmt} / float32", mb, ar.average,
                                              plain_ar.average, args.repeats, **extra))
+                shown = 2
+                if args.node_aware:
+                    z = x.copy()
+                    with mg.AllreduceAverager(x, comm=comm, wire=fmt, algorithm="node-ring") as node_ar, \
+                            mg.AllreduceAverager(z, comm=comm, wire=fmt, algorithm="mpi") as flat_ar:
+                        rows.append(side_by_side(comm, f"AllreduceAverager {fmt} node-aware / flat", mb,
+                                                 node_ar.average, flat_ar.average, args.repeats, **extra))
+                    shown = 3
                 if comm.rank == 0:
-                    for r in rows[-2:]:
+                    for r in rows[-shown:]:
                         print(f"{r['what']:<36} {mb:g} MB {comm.size} ranks/{nodes} nodes: {r['ours_ms']:.1f} ms vs "
                               f"{r['other_ms']:.1f} ms, ratio {r['ratio']:.3f} ({r['q1']:.2f}-{r['q3']:.2f})"
                               + (f", arithmetic {cpu:.1f} ms vs {cpu32:.1f}" if r["what"].startswith("PushSum")

@@ -8,7 +8,7 @@ from . import buffers, deadline, kernels
 from ._base import Communicator, check_chunk_bytes
 from ._checks import integer_error
 from ._ring import ALGORITHMS, Layout, NodeRing, Ring
-from ._wire_allreduce import WireAllreduce
+from ._wire_allreduce import NodeWireAllreduce, WireAllreduce
 
 
 class AllreduceAverager(Communicator):
@@ -33,7 +33,9 @@ class AllreduceAverager(Communicator):
         wire: ``None`` (MPI's ``Allreduce`` in the buffer's dtype) or a compressed format of
             :mod:`mpigossip.wire`: then the mean is a reduce-scatter and an allgather over
             ``Isend``/``Irecv`` of the pre-scaled, encoded buffer (:mod:`mpigossip._wire_allreduce`;
-            ``chunk_bytes`` does not apply); every rank ends with identical values.
+            ``chunk_bytes`` does not apply; with ``algorithm`` ``"node-ring"``, ``average()``
+            first reduces inside each node in the buffer's precision and compresses only what
+            crosses between nodes); every rank ends with identical values.
         algorithm: how the bytes move: ``"mpi"`` (MPI's ``Allreduce``), ``"ring"`` (a ring over
             ``Isend``/``Irecv``, segmented and pipelined), ``"node-ring"`` (reduce-scatter in
             each node's shared memory, one ring per local rank between nodes, allgather in the
@@ -79,9 +81,13 @@ class AllreduceAverager(Communicator):
             self._ring = NodeRing(self, self.layout.node, self.layout.cross, synchronize=sync, segment=segment,
                                   scale=1.0 / self.size, op=f"{self._name}.average (node-aware ring)",
                                   claim=self.layout.claim_tags)
-        self._compressed = (WireAllreduce(self, wire, stage=stage, cuda_aware=cuda_aware)
-                            if wire is not None and self.size > 1 else None)
+        self._compressed = (WireAllreduce(self.comm, self.buffer, wire, wait=self._wait, stage=stage,
+                                          cuda_aware=cuda_aware) if wire is not None and self.size > 1 else None)
         self._transport = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
+        self._node_compressed = None   # average()'s node-aware form of the compressed mean
+        if self._compressed is not None and self.algorithm == "node-ring":
+            self._node_compressed = NodeWireAllreduce(self.layout.node, self.layout.cross, self._transport.memory,
+                                                      wire, wait=self._wait, stage=stage, cuda_aware=cuda_aware)
         self._request = None
         if chunk_bytes is None:
             chunk_bytes = 4 << 20 if self.layout.one_node else max(1, self.buffer.nbytes)
@@ -106,6 +112,15 @@ class AllreduceAverager(Communicator):
         """
         self._check_idle()
         if self.size == 1:
+            self.steps += 1
+            return
+        if self._node_compressed is not None:
+            t = self._transport
+            t.before_send()
+            deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
+            self._node_compressed.run()
+            t.after_recv()
+            self.buffer.release()
             self.steps += 1
             return
         if self._compressed is not None:

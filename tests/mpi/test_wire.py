@@ -257,3 +257,50 @@ def test_a_non_finite_value_on_one_rank_stays_in_its_element(fmt, bad, how):
         assert dirty[at] == np.inf  # (int8 sends any non-finite value as NaN)
     others = np.arange(n) != at
     assert np.array_equal(dirty[others], clean[others]), "a non-finite value changed other elements"
+
+
+def pseudo_nodes(c, per_node):
+    """A Layout of ``c`` as if every ``per_node`` consecutive ranks shared a node (one machine
+    standing in for several nodes: the node-aware paths' exchanges between nodes run)."""
+    from mpigossip._ring import Layout
+    layout = Layout.__new__(Layout)
+    layout.comm, layout.node = c, c.Split(c.rank // per_node, c.rank)
+    layout.local_size, layout.one_node, layout.uniform = per_node, per_node == c.size, True
+    layout.nodes, layout._cross, layout._runs = c.size // per_node, None, 0
+    return layout
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [3, 2 * INT8_BLOCK + 3, 40000])
+@pytest.mark.parametrize("nodes", ["real", "pairs"])
+def test_node_aware_allreduce_in_a_wire_format(fmt, n, nodes):
+    """algorithm="node-ring" with a wire format: average() reduces inside each node in full
+    precision and compresses only between nodes (on one node: nothing to compress, the exact
+    mean); identical bytes on every rank and within the format's error of the mean; its
+    start()/finish() run the flat compressed exchange. "pairs": every two ranks as one node."""
+    from mpi4py import MPI
+    c = comm()
+    if nodes == "pairs" and (c.size < 4 or c.size % 2):
+        pytest.skip("pairs of ranks as nodes need an even world of at least 4")
+    layout = pseudo_nodes(c, 2) if nodes == "pairs" else None
+    x = data(c, n, np.float32)
+    mean = (global_sum(c, x) / c.size).astype(np.float32)
+    av = mg.AllreduceAverager(x, comm=c, wire=fmt, algorithm="node-ring", layout=layout)
+    assert av._node_compressed is not None
+    av.average()
+    assert same_on_all_ranks(c, x.tobytes()), "ranks disagree after a node-aware compressed mean"
+    tol = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -9, "int8": 2.0 ** -5}[fmt] * np.abs(mean).max()
+    np.testing.assert_allclose(x, mean, rtol=0, atol=tol)
+    node = c.Split_type(MPI.COMM_TYPE_SHARED)
+    if node.Get_size() == c.size and layout is None:   # one node: full precision all the way
+        np.testing.assert_allclose(x, mean, rtol=1e-6, atol=1e-6 * np.abs(mean).max())
+    node.Free()
+    x[:] = data(c, n, np.float32)
+    av.start()
+    av.finish()
+    assert same_on_all_ranks(c, x.tobytes())
+    np.testing.assert_allclose(x, mean, rtol=0, atol=tol)
+    av.free()
+    if layout is not None:
+        layout.free()
