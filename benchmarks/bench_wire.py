@@ -8,7 +8,6 @@ For each size and wire format (bf16, fp16, int8), alternately, repeat after repe
 * ``PushSum.step`` with ``wire=FMT`` / the same step in float32 (exponential graph, one peer);
 * ``AllreduceAverager.average`` with ``wire=FMT`` (reduce-scatter + allgather of encoded
   shards) / the float32 one (MPI's ``Allreduce``);
-
 * with ``--node-aware`` (several ranks per node): ``AllreduceAverager.average`` with
   ``wire=FMT`` node-aware (``algorithm="node-ring"``) / the flat compressed one;
 
