@@ -38,7 +38,7 @@ for n in ${RANKS:-4 8}; do
         rc=$?
         wall=$(echo "$(date +%s.%N) - $start" | bc)
         "$PY" - "$log" "$rc" "$wall" "$n" "$thread" "$spec" "$run" "$MB" "$REPS" "$LIMIT" >>"$TMP/rows.jsonl" <<'PY'
-import json, sys
+import json, os, sys
 log, rc, wall, n, thread, spec, run, mb, reps, limit = sys.argv[1:]
 text = open(log, errors="replace").read()
 row = next((json.loads(l) for l in text.splitlines() if l.startswith('{"variant"')), None)
@@ -49,7 +49,7 @@ print(json.dumps({"ranks": int(n), "mb": float(mb), "reps": int(reps), "limit_s"
                   "thread": int(thread), "variant": spec, "run": int(run), "rc": int(rc),
                   "hung": hung, "ok": bool(row and row["ok"]), "s_per_exchange": row and row["s_per_exchange"],
                   "mb_s": row and row["mb_s"], "wall_s": float(wall), "stuck_in": stuck_in,
-                  "tail": "" if row else text[-300:]}))
+                  "tail": "" if row else text[-300:].replace(os.getcwd() + os.sep, "")}))
 PY
         echo "rma_accumulate: $n ranks, thread $thread, $spec, run $run: rc $rc" >&2
       done
