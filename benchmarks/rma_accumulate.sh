@@ -38,13 +38,13 @@ for n in ${RANKS:-4 8}; do
         rc=$?
         wall=$(echo "$(date +%s.%N) - $start" | bc)
         "$PY" - "$log" "$rc" "$wall" "$n" "$thread" "$spec" "$run" "$MB" "$REPS" "$LIMIT" >>"$TMP/rows.jsonl" <<'PY'
-import json, os, sys
+import json, os, re, sys
 log, rc, wall, n, thread, spec, run, mb, reps, limit = sys.argv[1:]
 text = open(log, errors="replace").read()
 row = next((json.loads(l) for l in text.splitlines() if l.startswith('{"variant"')), None)
 hung = "Timeout (" in text or rc in ("124", "137")
-stuck_in = sorted({l.split("MPI.")[-1].split()[0].strip('"') for l in text.splitlines()
-                   if "Timeout (" not in l and "File" in l and "mpi4py/MPI" in l})[:3]
+# where the watchdog found each rank: the benchmark's own functions (MPI's C frames are not shown)
+stuck_in = sorted(set(re.findall(r"rma_accumulate\.py\", line \d+ in (push|pull|main)", text))) if hung else []
 print(json.dumps({"ranks": int(n), "mb": float(mb), "reps": int(reps), "limit_s": float(limit),
                   "thread": int(thread), "variant": spec, "run": int(run), "rc": int(rc),
                   "hung": hung, "ok": bool(row and row["ok"]), "s_per_exchange": row and row["s_per_exchange"],
