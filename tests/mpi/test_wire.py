@@ -63,7 +63,11 @@ def test_overlap_keeps_the_mass_exact_under_compression(fmt, max_delay):
     topo = T.CallableGraph(dyadic_fn(c.size), period=2)
     ps = mg.PushSum(x, comm=c, topology=topo, max_delay=max_delay, wire=fmt)
     plain = mg.PushSum(y, comm=c, topology=topo, max_delay=max_delay)
-    for k in range(12):
+    # With max_delay=1 which step a message joins depends on timing, and so does how far 12 steps mix:
+    # one run across 8 ranks on 4 loaded nodes reached 0.31 of the unmixed spread. 24 steps leave the
+    # 0.3 bound a margin whatever the arrivals (an exchange that moved nothing still stays near 1).
+    steps = 12 if max_delay == 0 else 24
+    for k in range(steps):
         for v, p in ((x, ps), (y, plain)):
             v += c.rank + k
             p.start()
@@ -71,10 +75,10 @@ def test_overlap_keeps_the_mass_exact_under_compression(fmt, max_delay):
         total += sum(r + k for r in range(c.size))
     ps.drain()
     plain.drain()
-    assert_mass(c, x, total, scale + 12 * c.size * x.size * c.size)
+    assert_mass(c, x, total, scale + steps * c.size * x.size * c.size)
     assert abs(c.allreduce(ps.weight) - c.size) < 1e-12
     z, zp = x / ps.weight, y / plain.weight
-    start = data(c, dtype=np.float64) + sum(c.rank + k for k in range(12))  # each rank alone
+    start = data(c, dtype=np.float64) + sum(c.rank + k for k in range(steps))  # each rank alone
     alone = consensus_distance(c, start)
     assert consensus_distance(c, zp) < 0.3 * alone, "the plain run did not mix: nothing tested"
     assert consensus_distance(c, z) < 0.3 * alone, "compressed overlap did not mix"
