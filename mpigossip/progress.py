@@ -45,6 +45,12 @@ class Decision:
         return f"one-sided progress: Open MPI's TCP progress thread {state} ({self.reason})"
 
 
+def is_set(environ=None):
+    """Whether ``environ`` (default: this process's) already chose the progress thread, on or off."""
+    environ = os.environ if environ is None else environ
+    return bool(environ.get(VARIABLE, "").strip())
+
+
 def is_on(environ=None):
     """Whether ``environ`` (default: this process's) turns the progress thread on."""
     environ = os.environ if environ is None else environ
@@ -92,7 +98,7 @@ def cores_on_node(environ):
 
 def decide(algorithms, environ):
     """The progress thread for a run of ``algorithms`` in the process environment ``environ``."""
-    if environ.get(VARIABLE, "").strip():
+    if is_set(environ):
         return Decision(is_on(environ), False, f"{VARIABLE}={environ[VARIABLE]} as set")
     one_sided = [a for a in algorithms if a in ONE_SIDED]
     if not one_sided:

@@ -65,7 +65,7 @@ def spans_nodes(comm):
 def progress_warning(comm, what):
     """Collective: the warning text for a one-sided ``what`` on ``comm`` when its windows span
     nodes with Open MPI's TCP progress thread left unset, else None."""
-    if "Open MPI" not in MPI.Get_library_version() or os.environ.get(progress.VARIABLE, "").strip():
+    if "Open MPI" not in MPI.Get_library_version() or progress.is_set():
         return None
     if not spans_nodes(comm):
         return None

@@ -53,8 +53,7 @@ def find_mpirun(environ=None):
 
 def even_tasks(environ):
     """Whether the allocation has as many tasks on every node (``SLURM_TASKS_PER_NODE`` is one count)."""
-    counts = [part for part in environ.get("SLURM_TASKS_PER_NODE", "").split(",") if part]
-    return len({re.sub(r"\(x\d+\)$", "", part) for part in counts}) <= 1
+    return len(set(progress.expand_counts(environ.get("SLURM_TASKS_PER_NODE", "")))) <= 1
 
 
 def command(launcher, program, environ=None, *, progress_thread="auto"):
