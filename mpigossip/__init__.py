@@ -32,10 +32,10 @@ from . import kernels, topology  # noqa: E402  (neither imports MPI)
 _LAZY = {"AllreduceAverager": "allreduce", "AsyncPushSum": "agp", "AsyncSGD": "elastic", "ElasticAveraging": "elastic",
          "Gossip": "gossip", "ParameterServer": "server", "PushSum": "pushsum", "DPSGD": "dpsgd",
          "ADPSGD": "adpsgd", "NodeMean": "node", "Hierarchical": "hierarchical", "Every": "periodic",
-         "Outer": "outer",
+         "Outer": "outer", "Join": "membership",
          "buffers": None}
 
-__all__ = ["ADPSGD", "AllreduceAverager", "AsyncPushSum", "AsyncSGD", "DPSGD", "ElasticAveraging", "Every", "Gossip", "Hierarchical",
+__all__ = ["ADPSGD", "AllreduceAverager", "AsyncPushSum", "AsyncSGD", "DPSGD", "ElasticAveraging", "Every", "Gossip", "Hierarchical", "Join",
            "NodeMean", "Outer", "ParameterServer", "PushSum", "buffers", "kernels", "topology", "__version__"]
 
 

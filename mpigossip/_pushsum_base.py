@@ -7,7 +7,9 @@ steps differ in contract (PushSum's ranks run in lockstep, AGP's never wait), so
 ``isinstance(obj, PushSum)`` tells which contract an object keeps.
 """
 
-from . import buffers, kernels
+from mpi4py import MPI
+
+from . import buffers, kernels, membership
 from . import topology as topo_mod
 from . import wire as wire_mod
 from ._base import Communicator
@@ -23,6 +25,11 @@ class PushSumBase(Communicator):
         weight: ``w`` (1.0 at start); Σw over ranks is conserved.
         steps: steps taken.
         topology: the graph, bound to the world size.
+        members: the ranks of the communicator given at construction that still take part
+            (all of them unless ranks left: :meth:`join`), in the order of ``comm``'s ranks.
+        departures: ``[(step, [ranks]), ...]``: the ranks (of the original communicator) that
+            left at each step.
+        left: whether this rank has left (then its ``x`` holds its de-biased model).
     """
 
     _name = "PushSum"
@@ -37,8 +44,8 @@ class PushSumBase(Communicator):
         error = None
         try:
             error = check() if check is not None else None
-            self.topology = bind_mixing(topology, topo_mod.ExponentialGraph(peers=1), self.size, slots=slots,
-                                        what="PushSum needs distinct peers")
+            self._graph = (topology, slots)  # rebound when ranks leave
+            self.topology = self._bind_topology()
             if not float(weight) > 0:
                 raise ValueError(f"weight must be > 0, got {weight!r}")
         except (TypeError, ValueError) as exc:
@@ -53,6 +60,67 @@ class PushSumBase(Communicator):
         self._cuda_aware, self._stage = cuda_aware, stage
         self._zbuf, self._z_user = zbuf, z
         self._started = False
+        self.members = list(range(self.size))
+        self.departures = []
+        self.left = False
+        self._members = None  # a membership.Membership once joined
+
+    def _bind_topology(self):
+        topology, slots = self._graph
+        return bind_mixing(topology, topo_mod.ExponentialGraph(peers=1), self.size, slots=slots,
+                           what="PushSum needs distinct peers")
+
+    # ------------------------------------------------------------------ leaving
+    def _check_open(self):
+        if getattr(self, "left", False):
+            raise RuntimeError(f"{self._name}: this rank has left (leave()); its x holds its de-biased model")
+        super()._check_open()
+
+    def join(self):
+        """Collective: from the next step on, a rank may :meth:`leave` (each step then posts
+        one small nonblocking ``Iallreduce`` of who asks to leave). Every rank calls it at
+        the same step (checked: the same error on every rank). See :class:`mpigossip.Join`."""
+        self._check_open()
+        if self._started:
+            raise RuntimeError(f"{self._name}.join(): call finish() first")
+        membership.check_join(self.comm, self.steps, self._members is not None, timeout=self.timeout,
+                              op=f"{self._name}.join")
+        self._members = membership.Membership(self.comm, timeout=self.timeout, op=self._name)
+
+    def _agree_members(self):
+        """At the top of a step once joined: learn who left at the last step and regroup
+        without them, then post this step's flags. True if this rank has just left."""
+        if self._members is None:
+            return False
+        leaving = self._members.agreed()
+        if leaving:
+            self._regroup(leaving)
+            if self.left:
+                return True
+        self._members.post()
+        return False
+
+    def _quiesce(self):
+        """Complete every message in flight before the membership changes (override)."""
+
+    def _regroup(self, leaving):
+        """The agreed step of a departure: messages in flight completed, each leaver's (x, w)
+        handed to a survivor, a new communicator and topology over the survivors."""
+        op = f"{self._name} (ranks leaving at step {self.steps})"
+        self._quiesce()
+        membership.hand_off(self, leaving, op=op)
+        new = membership.regroup(self.comm, leaving, timeout=self.timeout, op=op)
+        gone = set(leaving)
+        self.departures.append((self.steps, [self.members[r] for r in leaving]))
+        self.members = [m for r, m in enumerate(self.members) if r not in gone]
+        self.comm.Free()
+        if new == MPI.COMM_NULL:
+            self.comm, self.left, self._members = MPI.COMM_NULL, True, None
+            return
+        self.comm, self._owns_comm = new, True
+        self.rank, self.size = new.Get_rank(), new.Get_size()
+        self.topology = self._bind_topology()
+        self._members = membership.Membership(new, timeout=self.timeout, op=self._name)
 
     def _new_transport(self):
         """A full-size message buffer: the buffer's dtype, or its wire bytes."""

@@ -36,6 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import deadline, kernels
+from ._agp_leave import NOTICE, AsyncLeave
 from ._checks import integer_error
 from ._pushsum_base import PushSumBase
 
@@ -71,7 +72,7 @@ class _Slot:
         self.transport, self.request, self.src, self.w = transport, None, None, 0.0
 
 
-class AsyncPushSum(PushSumBase):
+class AsyncPushSum(AsyncLeave, PushSumBase):
     """PushSum that never waits.
 
     Args:
@@ -106,6 +107,8 @@ class AsyncPushSum(PushSumBase):
         self._wrecv = np.zeros(1, dtype=np.float64)
         self.received = np.zeros(self.size, dtype=np.int64)  # messages received, per source
         self.epoch = 0  # drains completed: the tags of the messages sent now (_tags)
+        self._gone = set()     # ranks whose leave() notice arrived (until the drain that drops them)
+        self._leaving = False
 
     # ------------------------------------------------------------------ receives
     def _poll(self):
@@ -115,6 +118,8 @@ class AsyncPushSum(PushSumBase):
         from any source tells whom the next share comes from, and the share is received
         from that source alone. Per source, MPI keeps the order of messages, so the k-th
         share of a sender is paired with its k-th weight."""
+        if self._members is not None:
+            self._notices()
         done = [s for s in self._slots if s.src is not None and s.request.Test()]
         if done:
             self._add(done)
@@ -173,6 +178,8 @@ class AsyncPushSum(PushSumBase):
         k = self.steps
         self.topology.check_step(k)
         own, out_weights = self.topology.mixing_weights(self.rank, k)
+        for dst in self._gone.intersection(out_weights):  # a rank leaving takes no more shares
+            own += out_weights.pop(dst)
         if out_weights:
             x = self.buffer.array
             self.buffer.acquire()
@@ -219,11 +226,17 @@ class AsyncPushSum(PushSumBase):
     def drain(self):
         """Collective: send every accumulated share, agree on how many messages each pair
         exchanged, and receive the rest. Afterwards Σx and Σw over ranks are exact, even when
-        the ranks ran different numbers of steps; training may go on."""
+        the ranks ran different numbers of steps; training may go on. After :meth:`join`, the
+        ranks that have called :meth:`leave` drop out here."""
         self._check_open()
         if self._started:
             raise RuntimeError(f"{self._name}.drain(): call finish() first")
+        self._drain(self.timeout)
+
+    def _drain(self, timeout):
         if self.size == 1:
+            if self._leaving:
+                self._regroup([0])
             return
         # Every wait below keeps receiving: a peer may still be sending to this rank.
         outs = list(self._outs.values())
@@ -233,7 +246,8 @@ class AsyncPushSum(PushSumBase):
                 self._send_if_free(out)
             return not any(out.filled or (out.requests and not MPI.Request.Testall(out.requests)) for out in outs)
 
-        self._progress_until(all_sent, "drain (sends)", lambda: [o.dst for o in outs if o.filled or o.requests])
+        self._progress_until(all_sent, "drain (sends)", lambda: [o.dst for o in outs if o.filled or o.requests],
+                             timeout)
         for out in outs:
             out.requests = []
         sent = np.zeros(self.size, dtype=np.int64)
@@ -241,16 +255,24 @@ class AsyncPushSum(PushSumBase):
             sent[out.dst] = out.sent
         expected = np.zeros(self.size, dtype=np.int64)
         counts = self.comm.Ialltoall(sent, expected)
-        self._progress_until(counts.Test, "drain (counts)", lambda: "all ranks (Ialltoall)")
+        self._progress_until(counts.Test, "drain (counts)", lambda: "all ranks (Ialltoall)", timeout)
         self._progress_until(lambda: not np.any(self.received < expected), "drain (receives)",
-                             lambda: [int(r) for r in np.flatnonzero(self.received < expected)])
+                             lambda: [int(r) for r in np.flatnonzero(self.received < expected)], timeout)
         if np.any(self.received > expected):  # cannot happen: the next epoch's messages have other tags
             raise RuntimeError(f"{self._name}.drain(): received {self.received} but the senders count {expected}")
         self.epoch += 1
+        if self._members is not None:
+            self._members.leaving = self._leaving
+            self._members.post()
+            leaving = self._members.agreed(timeout)
+            if leaving:
+                for src in sorted(set(leaving) - self._gone - {self.rank}):  # no notice left unread
+                    self.comm.Recv(np.zeros(1, np.uint8), source=src, tag=NOTICE)
+                self._regroup(leaving)
 
-    def _progress_until(self, done, op, who):
+    def _progress_until(self, done, op, who, timeout):
         """Receive (``_poll``) until ``done()``, under the deadline (naming ``who()``)."""
-        deadline.wait_until(lambda: self._poll() or done(), comm=self.comm, timeout=self.timeout,
+        deadline.wait_until(lambda: self._poll() or done(), comm=self.comm, timeout=timeout,
                             op=f"{self._name}.{op}", peer=who)
 
     # ------------------------------------------------------------------ end of life

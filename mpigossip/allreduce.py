@@ -9,9 +9,10 @@ from ._base import Communicator, check_chunk_bytes
 from ._checks import integer_error
 from ._ring import ALGORITHMS, Layout, NodeRing, Ring
 from ._wire_allreduce import NodeWireAllreduce, WireAllreduce
+from .membership import MeanJoin
 
 
-class AllreduceAverager(Communicator):
+class AllreduceAverager(MeanJoin, Communicator):
     """Exact in-place mean of one buffer over ``comm``: MPI's ``Allreduce`` / ``Iallreduce``
     with SUM, or a ring over ``Isend``/``Irecv``, flat or node-aware (:mod:`mpigossip._ring`),
     whichever runs nearer the network's limit for this size and layout.
@@ -49,7 +50,9 @@ class AllreduceAverager(Communicator):
             communicator: its sub-communicators are made once); default: its own.
 
     ``average()`` blocks; ``start()`` posts a nonblocking ``Iallreduce`` that overlaps
-    with computation until ``finish()``. Do not touch ``buf`` in between.
+    with computation until ``finish()``. Do not touch ``buf`` in between. Uneven data shards:
+    :meth:`join` on every rank, then a rank out of data calls :meth:`leave` (or use
+    :class:`mpigossip.Join`); the mean is then over the ranks still training.
     """
 
     _name = "AllreduceAverager"
@@ -102,6 +105,13 @@ class AllreduceAverager(Communicator):
         self.average()
 
     def average(self):
+        """Blocking exact mean (after :meth:`join`: over the ranks still training)."""
+        if self._shadow_round():
+            return
+        self._average()
+        self._rescale()
+
+    def _average(self):
         """Blocking exact mean.
 
         A deadline-guarded ``Ibarrier`` first makes sure every rank has arrived, so a rank
@@ -125,8 +135,8 @@ class AllreduceAverager(Communicator):
             return
         if self._compressed is not None:
             deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
-            self.start()
-            self.finish()
+            self._start()
+            self._finish_average()
             return
         t = self._transport
         t.before_send()
@@ -152,7 +162,13 @@ class AllreduceAverager(Communicator):
         self.steps += 1
 
     def start(self):
-        """Post the nonblocking ``Iallreduce`` (with a wire format: the reduce-scatter); returns at once."""
+        """Post the nonblocking ``Iallreduce`` (with a wire format: the reduce-scatter); returns at once
+        (after :meth:`join`, a small blocking count of the ranks still training comes first)."""
+        if self._shadow_round(overlap=True):
+            return
+        self._start()
+
+    def _start(self):
         self._check_idle()
         if self._compressed is not None:
             self._compressed.start()
@@ -176,7 +192,14 @@ class AllreduceAverager(Communicator):
         return self._request.Test()
 
     def finish(self):
-        """Complete the started average and scale by ``1/size``."""
+        """Complete the started average and scale by ``1/size`` (after :meth:`join`: by one over
+        the ranks still training)."""
+        if self._joined and self.active == 0 and self._request is None:
+            return  # every rank had left: start() moved nothing
+        self._finish_average()
+        self._rescale()
+
+    def _finish_average(self):
         if self._request is None:
             raise RuntimeError(f"{self._name}.finish(): start() was not called")
         if self._compressed is not None:  # allgather and decode: the mean, no scaling left

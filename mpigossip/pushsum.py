@@ -110,6 +110,7 @@ class PushSum(PushSumBase):
         self._sends = []       # overlap: (slot, requests, wbuf) of sends in flight
         self._pending = []     # overlap: _Message list, oldest first
         self._consumed = []    # overlap: messages arrived and not yet combined
+        self._overlap = False  # whether the last step was start()/finish() (leave() steps the same way)
 
     # ------------------------------------------------------------------ helpers
     def _recv_slot(self, index):
@@ -131,6 +132,9 @@ class PushSum(PushSumBase):
         self._check_open()
         if self.in_flight:
             raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
+        self._overlap = False
+        if self._agree_members():
+            return
         k = self.steps
         op = f"step (step {k})"
         self_weight, outs, ins, shares = self._mixing(k)
@@ -176,6 +180,9 @@ class PushSum(PushSumBase):
         self._check_open()
         if self._started:
             raise RuntimeError("PushSum.start(): call finish() before the next start()")
+        self._overlap = True
+        if self._agree_members():
+            return
         k = self.steps
         self.topology.check_step(k)
         p, out_weights = self.topology.mixing_weights(self.rank, k)
@@ -288,6 +295,32 @@ class PushSum(PushSumBase):
         for slot, reqs, _, dsts in self._sends:
             self._wait(reqs, "drain (sends)", peer=dsts)
         self._progress_sends()
+
+    def _quiesce(self):
+        if self.in_flight:
+            self.drain()
+
+    def leave(self):
+        """Drop out (after :meth:`join` on every rank; e.g. out of data): this rank asks to
+        leave in the next step, mixes in it as usual (the others learn of it only at its
+        end), then at the step after hands its whole ``(x, w)`` to one survivor and takes no
+        further part. The survivors go on over a communicator and a topology of their own;
+        Σx and Σw over them stay exact. Afterwards ``left`` is True and this rank's ``x``
+        holds its de-biased model ``x / w``. Steps the way the last step did (``step()`` or
+        ``start()``/``finish()``), as the other ranks do."""
+        self._check_open()
+        if self._members is None:
+            raise RuntimeError("PushSum.leave(): call join() on every rank first (or use mpigossip.Join)")
+        if self._started:
+            raise RuntimeError("PushSum.leave(): call finish() first")
+        self._members.leaving = True
+        while not self.left:
+            if self._overlap:
+                self.start()
+                if not self.left:
+                    self.finish()
+            else:
+                self.step()
 
     def _complete(self):
         if self._started:
