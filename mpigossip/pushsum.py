@@ -308,12 +308,9 @@ class PushSum(PushSumBase):
         Σx and Σw over them stay exact. Afterwards ``left`` is True and this rank's ``x``
         holds its de-biased model ``x / w``. Steps the way the last step did (``step()`` or
         ``start()``/``finish()``), as the other ranks do."""
-        self._check_open()
-        if self._members is None:
-            raise RuntimeError("PushSum.leave(): call join() on every rank first (or use mpigossip.Join)")
+        self.ask_leave()
         if self._started:
             raise RuntimeError("PushSum.leave(): call finish() first")
-        self._members.leaving = True
         while not self.left:
             if self._overlap:
                 self.start()
@@ -321,6 +318,15 @@ class PushSum(PushSumBase):
                     self.finish()
             else:
                 self.step()
+
+    def ask_leave(self):
+        """Ask to leave in the next step, without stepping: for a caller that steps several
+        PushSums together (a model's parameter groups) and keeps stepping them until ``left``
+        (:meth:`leave` is this, then the steps)."""
+        self._check_open()
+        if self._members is None:
+            raise RuntimeError("PushSum.leave(): call join() on every rank first (or use mpigossip.Join)")
+        self._members.leaving = True
 
     def _complete(self):
         if self._started:

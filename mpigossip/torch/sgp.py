@@ -65,6 +65,36 @@ class SGP(_Wrapper):
     def weights(self):
         return [ps.weight for ps in self.comms]
 
+    # ------------------------------------------------------------------ uneven shards
+    def join(self):
+        """Collective, every rank at the same step: from now on a rank may :meth:`leave`
+        (``with mpigossip.Join(algo):``; see :class:`mpigossip.PushSum`)."""
+        self._check_open()
+        if self.hierarchical:
+            raise ValueError(f"{self.name}: ranks cannot leave a hierarchical run (a node's shared window)")
+        for ps in self.comms:
+            ps.join()
+
+    def leave(self):
+        """Out of data: every parameter group asks to leave at the next step, and this rank
+        steps (no update) until its groups have handed their mass to the others. The model
+        keeps the parameters it had; the wrapper can no longer step or average."""
+        self._check_open()
+        for ps in self.comms:
+            ps.ask_leave()
+        while not all(ps.left for ps in self.comms):
+            self.step()
+
+    @property
+    def left(self):
+        """Whether this rank has left (:meth:`leave`)."""
+        return bool(self.comms) and all(getattr(ps, "left", False) for ps in self.comms)
+
+    def _check_open(self):
+        super()._check_open()
+        if self.left:
+            raise RuntimeError(f"mpigossip.torch.{type(self).__name__} ({self.name}): this rank has left (leave())")
+
     def state_dict(self):
         self.drain()
         state = super().state_dict()
@@ -100,7 +130,8 @@ class OSGP(SGP):
             if ps.started:
                 ps.finish()     # add what arrived
             ps.start()          # split the share off and send it; x / w is unchanged
-            kernels.debias(z, ps.buffer.array, ps.weight)
+            if not ps.left:     # (leaving: z keeps the model it had)
+                kernels.debias(z, ps.buffer.array, ps.weight)
 
     def drain(self):
         with self._ordered():
@@ -134,6 +165,25 @@ class AGP(OSGP):
     def _apply_update(self):
         for ps, z in zip(self.comms, self.flat.arrays):
             kernels.weighted_sum(ps.buffer.array, z, ps.weight)  # x = w * z_new
+
+    def join(self):
+        """Collective (the ranks need not be at the same step): from now on a rank may
+        :meth:`leave` (see :class:`mpigossip.AsyncPushSum`)."""
+        self._check_open()
+        for ps in self.comms:
+            ps.join()
+
+    def leave(self):
+        """Out of data: each parameter group gives its mass away and waits for the others'
+        next ``drain()`` (an evaluation, a checkpoint, ``free()``), where it drops out. The
+        model keeps the parameters it had."""
+        self._check_open()
+        with self._ordered():
+            self._apply_update()
+            for ps in self.comms:
+                if ps.started:
+                    ps.finish()
+                ps.leave()
 
 
 def _copy_in(array, host):

@@ -216,3 +216,46 @@ def test_agp_sends_a_leaving_rank_nothing_more():
     assert ps.left
     if c.rank == 0:
         assert ps.received.sum() <= 3 * (c.size - 1), f"received {ps.received} after leaving"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", ["sgp", "osgp", "agp"])
+def test_torch_wrappers_leave_with_uneven_shards(name):
+    """The torch SGP family under ``Join``, two parameter groups (float64 and float32): rank r
+    takes 3 + 2r optimizer steps of +lr (r + 1) per element. SGP and OSGP apply each update to
+    the numerators, so the ranks with the longest shard end with Σx = Σ_r lr (r + 1) n_r and
+    Σw = world size; AGP (x = w z) ends with Σw exact. No rank hangs; each leaves with a
+    finite model."""
+    torch = pytest.importorskip("torch")
+    import mpigossip.torch as mgt
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.zeros(7, dtype=torch.float64))
+            self.b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float32))
+
+    c = comm()
+    n = [3 + 2 * r for r in range(c.size)]
+    lr = 0.25
+    model = Two()
+    algo = {"sgp": mgt.SGP, "osgp": mgt.OSGP, "agp": mgt.AGP}[name](model, comm=c)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with mg.Join(algo):
+        for _ in range(n[c.rank]):
+            for p in model.parameters():
+                p.grad = torch.full_like(p, -(c.rank + 1.0))
+            opt.step()
+            algo.step()
+        if n[c.rank] == max(n):
+            algo.drain()
+            for ps, x in zip(algo.comms, algo.numerators):
+                assert ps.size == 1 and abs(ps.weight - c.size) < 1e-9
+                if name != "agp":
+                    expected = lr * sum((r + 1) * n[r] for r in range(c.size))
+                    np.testing.assert_allclose(np.asarray(x, np.float64), expected, rtol=1e-5)
+    assert algo.left
+    for p in model.parameters():
+        assert torch.isfinite(p).all()
+    with pytest.raises(RuntimeError, match="left"):
+        algo.step()
