@@ -7,8 +7,8 @@ rank finish (benchmarks/ulfm_probe.py, launched afresh per run).
 ``node``: 4 ranks on this machine, shared memory (Open MPI's default transports) and TCP only
 (``--mca btl tcp,self``). ``cluster`` (root): 4 emulated nodes at 1 Gbit, one rank each
 (``tests/cluster/start.sh``; TCP between nodes). For each: message sizes 1 KB (eager), 1 MB and
-16 MB (rendezvous), and the two ways of waiting (one ``Waitall`` of receives and sends, or the
-receives first). A run is: ``recovered`` (every survivor finished every step over 3 ranks and
+16 MB (rendezvous), three ways of waiting (:data:`WAITS`), and two ways to end (``MPI_Finalize``,
+or none: ``--no-finalize``). A run is: ``recovered`` (every survivor finished every step over 3 ranks and
 the launcher ended), ``finalize hung`` (every survivor finished, then the launcher did not end
 within the limit), ``aborted`` (an MPI error ended it; the first error line is kept) or
 ``hung``. Writes OUT/NAME.json (every run, the commit and versions) and OUT/NAME.md.
@@ -29,6 +29,9 @@ from mpigossip.reproduce import setup  # noqa: E402
 
 PROBE = os.path.join(HERE, "ulfm_probe.py")
 STEPS, RANKS, DIE = 20, 4, 5
+#: How a step waits for its requests: one Waitall of all; the receives first and the sends only if
+#: they succeeded; persistent requests (a completion in error does not deallocate them).
+WAITS = {"all": ["--order", "all"], "recvs-first": ["--order", "recvs-first"], "persistent": ["--persistent"]}
 
 
 def launch(where, transport):
@@ -73,6 +76,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--limit", type=float, default=40.0, help="seconds before a run counts as hung")
     p.add_argument("--sizes", nargs="+", type=float, default=[0.001, 1.0, 16.0], help="MB per message")
+    p.add_argument("--ends", nargs="+", choices=("finalize", "skip"), default=["finalize", "skip"],
+                   help="how the survivors end: MPI_Finalize, or without it (mpi4py.rc.finalize = False)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default=None)
     a = p.parse_args()
@@ -84,14 +89,16 @@ def main():
     try:
         for transport in transports:
             for mb in a.sizes:
-                for order in ("all", "recvs-first"):
-                    for rep in range(a.repeats):
-                        cmd = launch(a.where, transport) + ["--steps", str(STEPS), "--die", str(DIE), "--mb", str(mb),
-                                                            "--order", order]
-                        row = {"where": a.where, "transport": transport, "mb": mb, "order": order, "run": rep,
-                               **run_once(cmd, a.limit)}
-                        print(json.dumps(row), flush=True)
-                        runs.append(row)
+                for order in WAITS:
+                    for end in a.ends:
+                        for rep in range(a.repeats):
+                            cmd = launch(a.where, transport) + ["--steps", str(STEPS), "--die", str(DIE), "--mb",
+                                                                str(mb), *WAITS[order]]
+                            cmd += ["--no-finalize"] if end == "skip" else []
+                            row = {"where": a.where, "transport": transport, "mb": mb, "order": order, "end": end,
+                                   "run": rep, **run_once(cmd, a.limit)}
+                            print(json.dumps(row), flush=True)
+                            runs.append(row)
     finally:
         if a.where == "cluster":
             subprocess.run(["bash", os.path.join(ROOT, "tests/cluster/stop.sh")])
@@ -111,18 +118,21 @@ def main():
              f"`{info['meta']['command']}` at {info['meta']['commit']} ({info['meta']['versions']}).",
              f"{RANKS} ranks exchange with both ring neighbours for {STEPS} steps; rank {RANKS - 1} is killed "
              f"(SIGKILL) at step {DIE}; survivors revoke, shrink, agree and go on (benchmarks/ulfm_probe.py).", "",
-             "| transport | message | wait | recovered | finalize hung | aborted | hung | recovery (max s) | first error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| transport | message | wait | end | recovered | finalize hung | aborted | hung | recovery (max s) "
+             "| first error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for transport in transports:
         for mb in a.sizes:
-            for order in ("all", "recvs-first"):
-                rs = [r for r in runs if (r["transport"], r["mb"], r["order"]) == (transport, mb, order)]
-                count = {k: sum(r["outcome"] == k for r in rs) for k in ("recovered", "finalize hung", "aborted", "hung")}
-                rec = max((r["recover_s_max"] for r in rs if r["recover_s_max"] is not None), default=None)
-                err = next((r["error"] for r in rs if r["error"]), "")
-                lines.append(f"| {transport} | {mb:g} MB | {order} | {count['recovered']}/{len(rs)} | "
-                             f"{count['finalize hung']} | {count['aborted']} | {count['hung']} | "
-                             f"{'' if rec is None else f'{rec:.3f}'} | {err[:90]} |")
+            for order in WAITS:
+                for end in a.ends:
+                    rs = [r for r in runs if (r["transport"], r["mb"], r["order"], r["end"]) == (transport, mb, order, end)]
+                    count = {k: sum(r["outcome"] == k for r in rs)
+                             for k in ("recovered", "finalize hung", "aborted", "hung")}
+                    rec = max((r["recover_s_max"] for r in rs if r["recover_s_max"] is not None), default=None)
+                    err = next((r["error"] for r in rs if r["error"]), "")
+                    lines.append(f"| {transport} | {mb:g} MB | {order} | {end} | {count['recovered']}/{len(rs)} | "
+                                 f"{count['finalize hung']} | {count['aborted']} | {count['hung']} | "
+                                 f"{'' if rec is None else f'{rec:.3f}'} | {err[:90]} |")
     with open(os.path.join(a.out, f"{name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -2,7 +2,7 @@
 
     mpiexec --with-ft ulfm [--mca btl tcp,self] -n 4 python benchmarks/ulfm_probe.py \
         [--steps 20] [--victim 3] [--die 5] [--mb 1] [--pattern ring|pairs] [--free-old]
-        [--requests keep|cancel-recvs|free] [--order all|recvs-first]
+        [--requests keep|cancel-recvs|free] [--order all|recvs-first] [--persistent] [--no-finalize]
 
 Every rank exchanges ``--mb`` MB with its ring neighbours (``Isend``/``Irecv`` to both, then
 ``Waitall``) for ``--steps`` steps; rank ``--victim`` kills itself (SIGKILL) at step ``--die``.
@@ -24,7 +24,11 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
+import mpi4py
+
+if "--no-finalize" in sys.argv:  # survivors end without MPI_Finalize (it hangs after a failure, over TCP)
+    mpi4py.rc.finalize = False
+from mpi4py import MPI  # noqa: E402
 
 FAILURES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
             if hasattr(MPI, n)}
@@ -37,7 +41,13 @@ def main():
     p.add_argument("--die", type=int, default=5)
     p.add_argument("--mb", type=float, default=1.0)
     p.add_argument("--pattern", choices=("ring", "pairs"), default="ring")
+    p.add_argument("--step-ms", type=float, default=0.0, help="sleep per step (compute), to give a cut link time")
     p.add_argument("--free-old", action="store_true", help="MPI_Comm_free the revoked communicator")
+    p.add_argument("--persistent", action="store_true",
+                   help="persistent requests (Recv_init/Send_init + Startall): a completion in error does not "
+                        "deallocate them, and they are never freed after a failure")
+    p.add_argument("--no-finalize", action="store_true",
+                   help="end without MPI_Finalize (survivors of a failure hang in it over TCP)")
     p.add_argument("--order", choices=("all", "recvs-first"), default="all",
                    help="one Waitall of every request, or the receives first and the sends only if they succeeded")
     p.add_argument("--requests", choices=("free", "cancel-recvs", "keep"), default="keep",
@@ -60,14 +70,21 @@ def main():
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         rank, size = comm.Get_rank(), comm.Get_size()
+        if a.step_ms:
+            time.sleep(a.step_ms / 1000)
         if a.pattern == "ring":
             peers = [(rank - 1) % size, (rank + 1) % size]
         else:
             peers = [rank ^ 1] if (rank ^ 1) < size else []
         reqs = []
         try:
-            reqs = [comm.Irecv(recv[i], source=src, tag=step % 32000) for i, src in enumerate(peers)]
-            reqs += [comm.Isend(send, dest=dst, tag=step % 32000) for dst in peers]
+            if a.persistent:
+                reqs = [comm.Recv_init(recv[i], source=src, tag=step % 32000) for i, src in enumerate(peers)]
+                reqs += [comm.Send_init(send, dest=dst, tag=step % 32000) for dst in peers]
+                MPI.Prequest.Startall(reqs)
+            else:
+                reqs = [comm.Irecv(recv[i], source=src, tag=step % 32000) for i, src in enumerate(peers)]
+                reqs += [comm.Isend(send, dest=dst, tag=step % 32000) for dst in peers]
             statuses = [MPI.Status() for _ in reqs]
             if a.order == "all":
                 MPI.Request.Waitall(reqs, statuses)
@@ -75,6 +92,9 @@ def main():
                 k = len(peers)
                 MPI.Request.Waitall(reqs[:k], statuses[:k])
                 MPI.Request.Waitall(reqs[k:], statuses[k:])
+            if a.persistent:
+                for r in reqs:
+                    r.Free()
             step += 1
             continue
         except MPI.Exception as exc:
@@ -88,7 +108,7 @@ def main():
         t1 = time.monotonic()
         npeers = len(reqs) // 2
         for i, r in enumerate(reqs):  # the failed step's requests: completed in error, or still pending
-            if r == MPI.REQUEST_NULL or a.requests == "keep" or (a.requests == "cancel-recvs" and i >= npeers):
+            if r == MPI.REQUEST_NULL or a.requests == "keep" or a.persistent or (a.requests == "cancel-recvs" and i >= npeers):
                 continue
             try:
                 r.Cancel()
@@ -105,6 +125,8 @@ def main():
         failed_at, step = step, comm.allreduce(step, op=MPI.MIN)  # a rank may have finished the step
         record["recoveries"].append({"step": failed_at, "resumed": step, "size": comm.Get_size(), "agreed": int(ok),
                                      "seconds": round(time.monotonic() - t1, 3)})
+        print(f"rank {world.Get_rank()}: recovered at t={time.monotonic() - t0:.2f} s: {record['recoveries'][-1]}",
+              flush=True)
     record.update(steps=step, size=comm.Get_size(), seconds=round(time.monotonic() - t0, 3))
     print(json.dumps(record), flush=True)
 
