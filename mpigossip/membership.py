@@ -46,6 +46,11 @@ class Membership:
         self._flags[self.comm.Get_rank()] = 1 if self.leaving else 0
         self._request = self.comm.Iallreduce(MPI.IN_PLACE, self._flags, MPI.MAX)
 
+    def complete(self):
+        """Complete the last :meth:`post`, if any, ignoring what it says (before the
+        communicator is freed)."""
+        self.agreed()
+
     def agreed(self, timeout=None):
         """Complete the last :meth:`post` (under the deadline, ``timeout`` if given): the ranks
         that asked to leave in it, sorted; ``[]`` if nothing was posted."""

@@ -308,9 +308,9 @@ class PushSum(PushSumBase):
         Σx and Σw over them stay exact. Afterwards ``left`` is True and this rank's ``x``
         holds its de-biased model ``x / w``. Steps the way the last step did (``step()`` or
         ``start()``/``finish()``), as the other ranks do."""
-        self.ask_leave()
         if self._started:
             raise RuntimeError("PushSum.leave(): call finish() first")
+        self.ask_leave()
         while not self.left:
             if self._overlap:
                 self.start()
@@ -333,6 +333,8 @@ class PushSum(PushSumBase):
             self.finish()
         if self.in_flight:
             self.drain()
+        if self._members is not None:  # joined and never left: the last step's flags, posted by every rank
+            self._members.complete()
 
     def free(self):
         """Drain what is in flight, then release the communicator (collective)."""

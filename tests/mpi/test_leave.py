@@ -259,3 +259,26 @@ def test_torch_wrappers_leave_with_uneven_shards(name):
         assert torch.isfinite(p).all()
     with pytest.raises(RuntimeError, match="left"):
         algo.step()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("overlap", [False, True], ids=["step", "overlap"])
+def test_joined_and_freed_without_leaving(overlap):
+    """Joined, stepped, freed without anyone leaving: the last step's flags are completed (no
+    request left on a freed communicator), and a second PushSum then works as usual."""
+    c = comm()
+    x = data(c.rank)
+    ps = mg.PushSum(x, comm=c)
+    ps.join()
+    for _ in range(3):
+        if overlap:
+            ps.start()
+            ps.finish()
+        else:
+            ps.step()
+    assert ps._members._request is not None  # posted at the last step, not yet completed
+    ps.free()
+    assert ps.closed
+    y = data(c.rank)
+    with mg.PushSum(y, comm=c) as again:
+        again.step()
