@@ -3,7 +3,7 @@
 and the leaver's wait for the others' next drain, where it drops out.
 
 A mix-in of :class:`~mpigossip.agp.AsyncPushSum`, which provides the per-peer buffers
-(``_out``, ``_outs``), ``_send_if_free``, ``_drain(timeout)`` (whose agreement on who leaves
+(``_outs``, ``_put_aside``), ``_drain(timeout)`` (whose agreement on who leaves
 calls ``_regroup``) and calls :meth:`AsyncLeave._notices` from its polling.
 """
 
@@ -52,14 +52,7 @@ class AsyncLeave:
         kernels.debias(model.array, self.buffer.array, self.weight)
         live = [r for r in range(self.size) if r != self.rank and r not in self._gone]
         if live:
-            target = min(live, key=lambda r: (r - self.rank) % self.size)  # the next rank still here
-            out = self._out(target)
-            acc = out.accumulating.buffer.array
-            kernels.weighted_sum(acc, acc if out.filled else self.buffer.array, 1.0,
-                                 [self.buffer.array] if out.filled else [], [1.0] if out.filled else [],
-                                 keep_recvs=True)
-            out.waccum += self.weight
-            out.filled = True
+            self._put_aside(min(live, key=lambda r: (r - self.rank) % self.size), 1.0)  # the next rank still here
             self.buffer.array.fill(0)
             self.weight = 0.0
         self.buffer.release()

@@ -157,6 +157,18 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
             out = self._outs[dst] = _Out(dst, self._new_transport)
         return out
 
+    def _put_aside(self, dst, share):
+        """Add ``share`` of ``(x, w)`` to what accumulates for ``dst`` (x itself unchanged; the
+        caller holds the buffer)."""
+        out = self._out(dst)
+        acc, x = out.accumulating.buffer.array, self.buffer.array
+        if out.filled:   # acc += share * x
+            kernels.weighted_sum(acc, acc, 1.0, [x], [share], keep_recvs=True)
+        else:            # acc = share * x
+            kernels.weighted_sum(acc, x, share)
+        out.waccum += share * self.weight
+        out.filled = True
+
     def _send_if_free(self, out):
         """Send ``out``'s accumulated shares if its previous message has left."""
         if not out.filled or (out.requests and not MPI.Request.Testall(out.requests)):
@@ -181,18 +193,10 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
         for dst in self._gone.intersection(out_weights):  # a rank leaving takes no more shares
             own += out_weights.pop(dst)
         if out_weights:
-            x = self.buffer.array
             self.buffer.acquire()
             for dst, share in sorted(out_weights.items()):
-                out = self._out(dst)
-                acc = out.accumulating.buffer.array
-                if out.filled:   # acc += share * x
-                    kernels.weighted_sum(acc, acc, 1.0, [x], [share], keep_recvs=True)
-                else:            # acc = share * x
-                    kernels.weighted_sum(acc, x, share)
-                out.waccum += share * self.weight
-                out.filled = True
-            kernels.scale(x, own)
+                self._put_aside(dst, share)
+            kernels.scale(self.buffer.array, own)
             self.weight *= own
             self.buffer.release()
             for dst in sorted(out_weights):
