@@ -17,7 +17,7 @@ _HIERARCHICAL = ("hierarchical", "node_size")
 OPTIONS = {"allreduce": ("bucket_mb", "wire"), "allreduce-params": _HIERARCHICAL,
            "easgd": ("beta", "tau", "servers"),
            "asgd": ("servers",), "gossip-pull": ("tau", "seed"), "gossip-push": ("tau", "seed", "wire") + _HIERARCHICAL,
-           "sgp": ("topology", "peers", "wire") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay", "wire"),
+           "sgp": ("topology", "peers", "wire", "on_failure") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay", "wire"),
            "agp": ("topology", "peers"),
            "dpsgd": ("topology", "wire") + _HIERARCHICAL, "adpsgd": ("seed",),
            **{a: ("base", "inner_steps", "outer_lr", "outer_momentum", "warmup", "inner_mixing") for a in OUTER}}
@@ -38,7 +38,7 @@ def options_of(algorithm, base=None):
 #: momentum over inner momentum SGD diverged on digits at 4 and 8: docs/RESULTS.md).
 OPTION_DEFAULTS = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers": 1, "seed": 0,
                    "base": "allreduce-params", "inner_steps": 32, "wire": None,
-                   "inner_mixing": False}
+                   "inner_mixing": False, "on_failure": "abort"}
 
 #: The compressed wire formats (:mod:`mpigossip.wire`) and the algorithms whose messages can
 #: travel in them (``wire=``, ``--wire``); an outer optimizer's through its base. Not the
@@ -55,3 +55,13 @@ HIERARCHICAL = tuple(a for a in ALGORITHMS if "hierarchical" in OPTIONS[a])
 
 #: The default ``--topology`` of the algorithms that take one.
 DEFAULT_TOPOLOGY = {"sgp": "exponential", "osgp": "exponential", "agp": "exponential", "dpsgd": "undirected-ring"}
+
+#: The algorithms whose survivors go on when a rank fails (``on_failure="continue"``,
+#: ``--on-failure continue``; :mod:`mpigossip.failures`), and why the others cannot yet.
+FAULT_TOLERANT = ("sgp",)
+#: Algorithms over one-sided windows: Open MPI's ULFM does not cover them.
+ONE_SIDED = ("easgd", "asgd", "gossip-pull", "adpsgd")
+ONE_SIDED_FAILURE = ("its messages go through one-sided MPI windows, which Open MPI's fault tolerance (ULFM) does "
+                     "not cover: rely on the checkpoint and Slurm's requeue instead (--checkpoint-every; jobs/)")
+NOT_YET_FAILURE = ("the survivors go on for sgp only so far (synchronous PushSum on persistent requests; "
+                   "docs/API.md, 'A rank dies'); the others end the job, as with --on-failure abort")

@@ -23,13 +23,15 @@ import dataclasses
 import os
 import re
 
+from . import _registry
+
 #: Open MPI's setting, read in ``MPI_Init``.
 VARIABLE = "OMPI_MCA_btl_tcp_progress_thread"
 #: The cores each node gives this job, when neither Slurm nor the machine's count says it right
 #: (nodes that share a machine, as the emulated cluster's; a container's CPU quota).
 CORES_VARIABLE = "MPIGOSSIP_CORES_PER_NODE"
 #: The methods whose exchanges are one-sided (a passive target in an RMA window).
-ONE_SIDED = ("easgd", "asgd", "gossip-pull", "adpsgd")
+ONE_SIDED = _registry.ONE_SIDED
 _ON = ("1", "true", "yes", "on", "enabled")
 
 

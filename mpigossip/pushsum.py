@@ -24,10 +24,13 @@ from mpi4py import MPI
 
 import numpy as np
 
-from . import buffers, kernels
+import warnings
+
+from . import buffers, deadline, failures, kernels
 from ._base import check_chunk_bytes, step_tag, tag_period
 from ._checks import check_integer
 from ._pipeline import Pipeline
+from ._tolerant import PersistentExchange
 from ._pushsum_base import PushSumBase
 from ._registry import OPTION_DEFAULTS
 from .agp import AsyncPushSum
@@ -79,6 +82,15 @@ class PushSum(PushSumBase):
         wire: ``None`` (the buffer's dtype) or a compressed format of :mod:`mpigossip.wire`
             (``"bf16"``, ``"fp16"``, ``"int8"``), same on every rank. The sender keeps the
             rounding error of what it sends, so Σx over ranks and messages stays exact.
+        on_failure: ``"abort"`` (a failed peer ends the job) or ``"continue"``: the
+            survivors go on (:mod:`mpigossip.failures`; launch with ``mpiexec --with-ft ulfm``).
+            ``step()`` then sends the buffer in one piece on persistent requests and combines
+            once the whole step has arrived; at a failure every survivor learns it in that
+            step, the communicator shrinks to the survivors, the topology is rebuilt over
+            them, the mass the lost ranks held (or had in flight) is gone and reported in
+            :attr:`failures`, and ``z = x / w`` goes on averaging the survivors. Survivors of
+            a failure must end with :func:`mpigossip.failures.exit`. Synchronous ``step()``
+            only, without ``wire`` or ``join()``.
     """
 
     _name = "PushSum"
@@ -89,17 +101,29 @@ class PushSum(PushSumBase):
         return super().__new__(cls)
 
     def __init__(self, x, *, comm, topology=None, max_delay=OPTION_DEFAULTS["max_delay"], weight=1.0, z=None, timeout=None,
-                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2, wire=None):
+                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2, wire=None, on_failure="abort"):
         def check():
             check_integer(max_delay, "max_delay", 0, allow_none=True)  # None: AsyncPushSum (__new__)
             if max_delay >= tag_period(2) - 1:
                 raise ValueError(f"max_delay must be below {tag_period(2) - 1} (this MPI's tag bound), got {max_delay}")
-            return check_chunk_bytes(chunk_bytes)
+            error = failures.check_on_failure(on_failure)
+            if error is None and on_failure == "continue" and wire is not None:
+                error = f"on_failure='continue' sends the buffer's own dtype, not wire={wire!r}"
+            return error or check_chunk_bytes(chunk_bytes)
 
         super().__init__(x, comm=comm, topology=topology, weight=weight, timeout=timeout, cuda_aware=cuda_aware,
                          stage=stage, slots=slots, z=z, wire=wire, check=check,
-                         same={"chunk_bytes": chunk_bytes, "slots": slots})
+                         same={"chunk_bytes": chunk_bytes, "slots": slots, "on_failure": on_failure})
         self.max_delay = max_delay
+        self.on_failure = on_failure
+        self._tolerant = None
+        if on_failure == "continue":
+            self._tolerant = PersistentExchange(self)
+            self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
+                                                    op=f"{self._name} (total weight)")
+            if not failures.enabled() and self.rank == 0:
+                warnings.warn("PushSum(on_failure='continue') without ULFM: a failed rank still ends the job "
+                              "(launch with mpiexec --with-ft ulfm)", RuntimeWarning, stacklevel=2)
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
                                   cuda_aware=cuda_aware, wire=wire)
@@ -133,6 +157,8 @@ class PushSum(PushSumBase):
         if self.in_flight:
             raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
         self._overlap = False
+        if self._tolerant is not None:
+            return self._step_tolerant()
         if self._agree_members():
             return
         k = self.steps
@@ -154,6 +180,22 @@ class PushSum(PushSumBase):
         self._pipeline.run(outs, ins, _tag(k), op, self_weight=self_weight, weights=shares, step=k,
                            before_combine=new_weight, z=None if self._zbuf is None else self._zbuf.array)
         self._release()
+        self.steps += 1
+
+    def _step_tolerant(self):
+        """``step()`` with ``on_failure="continue"``: persistent requests, one combine at the
+        end; a failure met in it is recovered from (:meth:`_recover`) and the step counts."""
+        k = self.steps
+        if self._skip:  # behind the other survivors after a failure: this call only counts
+            self._skip -= 1
+            self.steps += 1
+            return
+        self_weight, outs, ins, shares = self._mixing(k)
+        try:
+            self._tolerant.run(self_weight, outs, ins, shares, f"step (step {k})")
+        except failures.PeerFailure:
+            self._recover(k, self._tolerant)
+            return
         self.steps += 1
 
     def _mixing(self, k):
@@ -180,6 +222,9 @@ class PushSum(PushSumBase):
         self._check_open()
         if self._started:
             raise RuntimeError("PushSum.start(): call finish() before the next start()")
+        if self._tolerant is not None:
+            raise RuntimeError("PushSum(on_failure='continue') survives failures in step() only, not in "
+                               "start()/finish()")
         self._overlap = True
         if self._agree_members():
             return
@@ -340,6 +385,8 @@ class PushSum(PushSumBase):
         """Drain what is in flight, then release the communicator (collective)."""
         if not self.closed:
             self._complete()
+            if self._tolerant is not None and not self.failures:
+                self._tolerant.free()
         self._free_comm()
 
     def __repr__(self):

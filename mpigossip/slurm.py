@@ -56,11 +56,13 @@ def even_tasks(environ):
     return len(set(progress.expand_counts(environ.get("SLURM_TASKS_PER_NODE", "")))) <= 1
 
 
-def command(launcher, program, environ=None, *, progress_thread="auto"):
+def command(launcher, program, environ=None, *, progress_thread="auto", fault_tolerant=False):
     """``(argv, env)`` that start ``program`` on every task of the allocation. ``progress_thread``
     ``"on"`` or ``"off"`` sets Open MPI's TCP progress thread (one-sided methods across nodes,
     :mod:`mpigossip.progress`) unless the environment already chose; ``"auto"`` leaves it to
-    ``train``/``compare`` on each node."""
+    ``train``/``compare`` on each node. ``fault_tolerant``: Open MPI's ULFM on (``mpirun
+    --with-ft ulfm``), for ``--on-failure continue``; Open MPI does not support it under a
+    direct ``srun`` launch."""
     environ = dict(os.environ if environ is None else environ)
     if not program:
         raise LaunchError("no command to launch: python -m mpigossip launch [...] -- COMMAND ...")
@@ -68,6 +70,9 @@ def command(launcher, program, environ=None, *, progress_thread="auto"):
         raise LaunchError(f"progress_thread must be auto, on or off, got {progress_thread!r}")
     if progress_thread != "auto":
         environ.setdefault(progress.VARIABLE, "1" if progress_thread == "on" else "0")
+    if fault_tolerant and launcher == "srun":
+        raise LaunchError("--fault-tolerant: Open MPI's fault tolerance (ULFM) is not supported under a direct srun "
+                          "launch: use --launcher mpirun (it runs inside the allocation)")
     if launcher == "srun":
         return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"] + list(program), environ
     if not environ.get("SLURM_NTASKS"):
@@ -89,6 +94,8 @@ def command(launcher, program, environ=None, *, progress_thread="auto"):
             environ["SLURM_GPUS_PER_NODE"] = environ["SLURM_GPUS_ON_NODE"]
     # Binding is left to Slurm's allocation; mpirun reads the node list itself.
     argv = [find_mpirun(environ), "--bind-to", "none", "-n", environ["SLURM_NTASKS"]]
+    if fault_tolerant:
+        argv += ["--with-ft", "ulfm"]
     return argv + list(program), environ
 
 
@@ -120,13 +127,13 @@ class Step:
         return 128 - rc if rc < 0 else rc
 
 
-def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thread="auto"):
+def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thread="auto", fault_tolerant=False):
     """Run ``program`` on the allocation's tasks; returns the exit status. See the module docstring."""
     say = say or (lambda text: print(f"mpigossip launch: {text}", file=sys.stderr, flush=True))
     if launcher not in LAUNCHERS:
         raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     argv, env = command(launcher, program, os.environ if environ is None else environ,
-                        progress_thread=progress_thread)
+                        progress_thread=progress_thread, fault_tolerant=fault_tolerant)
     current = None
 
     def forward(signum, frame):
@@ -155,7 +162,8 @@ def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thr
 
 def main(args):
     try:
-        return launch(args.launcher, args.program, retries=args.retries, progress_thread=args.progress_thread)
+        return launch(args.launcher, args.program, retries=args.retries, progress_thread=args.progress_thread,
+                      fault_tolerant=args.fault_tolerant)
     except LaunchError as exc:
         print(f"python -m mpigossip launch: error: {exc}", file=sys.stderr, flush=True)
         return 2

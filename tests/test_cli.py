@@ -77,6 +77,13 @@ def test_bipartite_needs_an_even_world_size_even_alone():
     (["--straggler", "7:2"], "--straggler '7:2'"),
     (["--steps", "0"], "--steps must be >= 1"),
     (["--checkpoint-every", "5"], "--checkpoint-every needs --out"),
+    (["--kill", "2:5"], "--kill '2:5': rank must be in [0, 2)"),
+    (["--algorithm", "easgd", "--on-failure", "continue"], "which Open MPI's fault tolerance (ULFM) does not cover"),
+    (["--algorithm", "allreduce", "--on-failure", "continue"], "--on-failure continue: allreduce: the survivors go on "
+                                                               "for sgp only so far"),
+    (["--on-failure", "continue", "--out", "o", "--checkpoint-every", "5"],
+     "--on-failure continue does not take --checkpoint-every yet"),
+    (["--on-failure", "continue", "--hierarchical"], "--on-failure continue does not take --hierarchical"),
 ])
 def test_bad_train_flags_exit_2_with_a_clear_message(monkeypatch, capsys, args, message):
     """In process, as rank 0 of 2 announced by the launcher: the checks that need no MPI (the

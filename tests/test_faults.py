@@ -116,3 +116,45 @@ def test_info_under_mpiexec():
     assert {r["local_rank"] for r in info["ranks"]} == {0, 1, 2, 3}
     proc, _ = run(["-n", "2", sys.executable, "-m", "mpigossip", "info"], timeout=120)
     assert proc.returncode == 0 and "CUDA-aware MPI: no" in proc.stdout and proc.stdout.count("mpigossip ") == 1
+
+
+SURVIVE = os.path.join(HERE, "scripts", "survive.py")
+
+
+def survivors(out):
+    import json
+    return [json.loads(line.split("survive: ", 1)[1]) for line in out.splitlines() if line.startswith("survive: ")]
+
+
+@pytest.mark.parametrize("n, args", [
+    (4, ["--victim", "3"]),                                  # shared memory, 1 MB
+    (5, ["--victim", "2", "--kind", "torch", "--mb", "16", "--mid"]),  # dies mid-exchange (16 MB), torch
+    (3, ["--victim", "0", "--die", "0"]),                    # rank 0, before its first step
+])
+def test_survivors_of_a_killed_rank_go_on(n, args):
+    """PushSum(on_failure="continue") under ULFM: a rank SIGKILLs itself; every survivor learns
+    it in that step, recovers within 15 s and takes every step; the failure is recorded alike
+    everywhere; Σx and Σw are conserved over the survivors afterwards and Σw plus the weight
+    lost is the world size; z converges (tests/scripts/survive.py checks, per survivor)."""
+    proc, _ = run(["--with-ft", "ulfm", "-n", str(n), sys.executable, SURVIVE, *args], timeout=120)
+    found = survivors(proc.stdout)
+    assert len(found) == n - 1 and all(s["ok"] for s in found), proc.stdout + proc.stderr
+    assert all(s["size"] == n - 1 for s in found)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_training_survives_a_killed_rank(tmp_path):
+    """`train --on-failure continue`: rank 3 of 4 dies at step 100 of 300; the 3 survivors train
+    on to the end and reach 90% on the digits; summary.json records the failure."""
+    import json
+    proc, _ = run(["--with-ft", "ulfm", "-n", "4", sys.executable, "-m", "mpigossip", "train", "--algorithm", "sgp",
+                   "--steps", "300", "--on-failure", "continue", "--kill", "3:100", "--quiet", "--out",
+                   str(tmp_path)], timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sgp: rank 3 failed at step" in proc.stdout and "3 survivors go on" in proc.stdout, proc.stdout
+    s = json.load(open(tmp_path / "summary.json"))
+    assert s["initial_world_size"] == 4 and s["world_size"] == 3 and s["steps"] == 300, s
+    [f] = s["failures"]
+    assert f["ranks"] == [3] and f["size"] == 3 and 100 <= f["step"] <= 102 and f["seconds"] < 15, f
+    assert 0 < f["weight_lost"] <= 2, f
+    assert s["final_accuracy"] >= 0.9, s

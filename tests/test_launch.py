@@ -46,6 +46,13 @@ def test_mpirun_command_gives_each_node_daemon_all_its_gpus(tmp_path):
         slurm.command("srun", [], {})
 
 
+def test_fault_tolerant_launch_is_mpirun_with_ulfm():
+    argv, _ = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"}, fault_tolerant=True)
+    assert argv == ["mpirun", "--bind-to", "none", "-n", "4", "--with-ft", "ulfm", "p"]
+    with pytest.raises(slurm.LaunchError, match="not supported under a direct srun launch: use --launcher mpirun"):
+        slurm.command("srun", ["p"], {"SLURM_NTASKS": "4"}, fault_tolerant=True)
+
+
 def test_crash_inside_mpi_init_is_told_apart():
     for where, expected in [("init", True), ("late", False)]:
         proc = subprocess.run([sys.executable, CRASH, where], capture_output=True, text=True, timeout=30)

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from .. import kernels
+from .. import failures, kernels
 from .. import topology as topo_mod
 from .._registry import OPTION_DEFAULTS
 from ..pushsum import PushSum
@@ -22,6 +22,11 @@ class SGP(_Wrapper):
     With ``hierarchical=True`` the numerators are averaged exactly inside each node (shared
     memory) and PushSum runs between nodes on the topology over nodes (``node_size`` as
     :class:`mpigossip.NodeMean`); ``z`` is then written in a separate pass.
+
+    With ``on_failure="continue"`` (launched with ULFM: :mod:`mpigossip.failures`) the
+    survivors of a failed rank go on: each group's PushSum recovers in its step, then the
+    wrapper's own communicator (consensus, evaluation) shrinks to the survivors too, at the
+    step where every group has recorded the failure; :attr:`failures` lists them.
     """
 
     name = "sgp"
@@ -29,7 +34,15 @@ class SGP(_Wrapper):
     overlap = False
 
     def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], hierarchical=False,
-                 node_size=None, wire=None, timeout=None):
+                 node_size=None, wire=None, on_failure="abort", timeout=None):
+        error = failures.check_on_failure(on_failure)
+        if error is None and on_failure == "continue" and (hierarchical or self.overlap):
+            error = (f"{self.name}: on_failure='continue' needs the synchronous flat SGP "
+                     f"({'hierarchical' if hierarchical else 'overlap'} is not covered)")
+        if error:
+            raise ValueError(error)
+        self.on_failure = on_failure
+        self.failures = []  # the failures survived, as the first group's PushSum recorded them
         self.wire = wire
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
         self.hierarchical, self.node_size = bool(hierarchical), node_size
@@ -46,8 +59,9 @@ class SGP(_Wrapper):
         x = array.copy()
         self.numerators.append(x)
         # Synchronous: the combine writes z in the same pass. Overlap: z is written after start().
+        extra = {} if self.on_failure == "abort" else {"on_failure": self.on_failure}
         return PushSum(x, comm=self.comm, topology=self.topology, z=None if self.overlap else array,
-                       max_delay=self.max_delay, timeout=self.timeout, wire=self.wire)
+                       max_delay=self.max_delay, timeout=self.timeout, wire=self.wire, **extra)
 
     def _apply_update(self):
         for ps, z in zip(self.comms, self.flat.arrays):
@@ -60,6 +74,12 @@ class SGP(_Wrapper):
             ps.step()  # z written by the fused combine, except through a node's shared memory
             if self.hierarchical:
                 kernels.debias(z, ps.buffer.array, ps.weight)
+        if self.on_failure == "continue" and min(len(ps.failures) for ps in self.comms) > len(self.failures):
+            # Every group has met the failure (each shrank in the same order on every survivor):
+            # the wrapper's communicator follows.
+            self.comm = failures.shrink(self.comm, self.steps, timeout=self.timeout,
+                                        op=f"{self.name} (the wrapper's communicator)").comm
+            self.failures.append(dict(self.comms[0].failures[len(self.failures)]))
 
     @property
     def weights(self):

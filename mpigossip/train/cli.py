@@ -9,8 +9,9 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import (ALGORITHMS, DEFAULT_TOPOLOGY, HIERARCHICAL, OPTION_DEFAULTS, OUTER, OUTER_BASES,
-                         PARAMS_WIRE_REFUSED, WIRE, WIRE_FORMATS)
+from .._registry import (ALGORITHMS, DEFAULT_TOPOLOGY, FAULT_TOLERANT, HIERARCHICAL, NOT_YET_FAILURE, ONE_SIDED,
+                         ONE_SIDED_FAILURE, OPTION_DEFAULTS, OUTER, OUTER_BASES, PARAMS_WIRE_REFUSED, WIRE,
+                         WIRE_FORMATS)
 
 DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
             "batch_size": 32, "steps": 300}
@@ -113,6 +114,13 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--out", help="output folder (config, metrics, summary, checkpoints)")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps into --out")
     parser.add_argument("--resume", metavar="DIR", help="resume from the latest checkpoint in DIR")
+    parser.add_argument("--on-failure", default=OPTION_DEFAULTS["on_failure"], choices=("abort", "continue"),
+                        help="a rank that dies: abort ends the job (then Slurm's requeue resumes it from the last "
+                        "checkpoint); continue: the survivors train on (sgp; launch with mpiexec --with-ft ulfm "
+                        "or 'launch --fault-tolerant'; evaluates at the end only) (default: %(default)s)")
+    parser.add_argument("--kill", action="append", default=[], metavar="RANK:STEP",
+                        help="fault injection: rank RANK kills itself (SIGKILL) before step STEP (repeatable), to "
+                        "try --on-failure")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--timeout", type=float, default=None,
                         help="deadline of every wait in seconds (default: $MPIGOSSIP_TIMEOUT or 300)")
@@ -166,6 +174,8 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError("--checkpoint-every needs --out")
     for spec in args.straggler:
         parse_straggler(spec, size)
+    for spec in getattr(args, "kill", None) or []:
+        parse_kill(spec, size)
     if args.inner_mixing and not all(a in OUTER for a in algorithms):
         raise UsageError(f"--inner-mixing is for {', '.join(OUTER)}")
     if args.wire is not None:
@@ -175,6 +185,8 @@ def check_arguments(args, algorithms, lrs, size):
         if unsupported:
             raise UsageError(f"--wire: {', '.join(unsupported)} cannot send compressed messages; "
                              f"choose from {', '.join(WIRE)} (or an outer optimizer over one)")
+    if getattr(args, "on_failure", "abort") == "continue":
+        check_on_failure(args, algorithms)
     if args.hierarchical:
         unsupported = [a for a in algorithms if a not in HIERARCHICAL]
         if unsupported:
@@ -190,6 +202,22 @@ def check_arguments(args, algorithms, lrs, size):
         graph = args.base if a in OUTER else a
         if graph in DEFAULT_TOPOLOGY:
             check_topology(args, graph, nodes if args.hierarchical else size)
+
+
+def check_on_failure(args, algorithms):
+    """``--on-failure continue``: the algorithms and flags it covers."""
+    one_sided = [a for a in algorithms if a in ONE_SIDED]
+    if one_sided:
+        raise UsageError(f"--on-failure continue: {', '.join(one_sided)}: {ONE_SIDED_FAILURE}")
+    others = [a for a in algorithms if a not in FAULT_TOLERANT]
+    if others:
+        raise UsageError(f"--on-failure continue: {', '.join(others)}: {NOT_YET_FAILURE}")
+    for flag, value in (("--hierarchical", args.hierarchical), ("--wire", args.wire),
+                        ("--checkpoint-every", args.checkpoint_every), ("--resume", args.resume),
+                        ("--eval-every", args.eval_every)):
+        if value:
+            raise UsageError(f"--on-failure continue does not take {flag} yet (the survivors evaluate at the end, "
+                             f"over a communicator of their own; checkpoints after a shrink are not built)")
 
 
 def topology_name(args, algorithm):
@@ -222,6 +250,18 @@ def parse_straggler(spec, size):
         raise UsageError(f"--straggler {spec!r}: rank must be in [0, {size if size is not None else 'size'}) "
                          "and factor >= 1")
     return rank, factor
+
+
+def parse_kill(spec, size):
+    """``RANK:STEP`` of ``--kill``: ``(rank, step)``."""
+    try:
+        rank, step = (int(v) for v in spec.split(":"))
+    except ValueError:
+        raise UsageError(f"--kill {spec!r}: expected RANK:STEP, e.g. 3:20") from None
+    if rank < 0 or (size is not None and rank >= size) or step < 0:
+        raise UsageError(f"--kill {spec!r}: rank must be in [0, {size if size is not None else 'size'}) "
+                         f"and step >= 0")
+    return rank, step
 
 
 def launcher_world_size():

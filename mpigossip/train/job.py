@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .. import deadline, progress
+from .. import deadline, failures, progress
 from .. import topology as topo_mod
 from .. import torch as mgt
 from ..info import gpu_count, local_rank, placement
@@ -26,7 +27,7 @@ from . import checkpoint
 from . import data as data_mod
 from . import models
 from .cli import (DEFAULTS, UsageError, algorithms_of, alone_in_allocation, check_arguments, check_launch,
-                  parse_straggler, topology_name)
+                  parse_kill, parse_straggler, topology_name)
 from .evaluate import Evaluator, reduce
 from .stop import StopAgreement
 
@@ -61,6 +62,7 @@ class Run:
     def __init__(self, args, comm, algorithm, lr, out):
         self.args, self.comm, self.algorithm, self.lr, self.out = args, comm, algorithm, lr, out
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.initial_size = self.size
         self.timeout = deadline.check_timeout(args.timeout)
         if args.device == "cuda":
             torch.cuda.set_device(local_rank(comm)[0] % gpu_count())
@@ -83,7 +85,16 @@ class Run:
             self.steps = max(1, math.ceil(args.epochs * per_rank / args.batch_size))
         else:
             self.steps = DEFAULTS["steps"]
-        self.eval_every = args.eval_every or max(1, self.steps // 10)
+        self.on_failure = getattr(args, "on_failure", "abort")
+        # Surviving a failure: evaluate at the end only, over the survivors (an evaluation's
+        # collectives would meet a failure outside the algorithm's recovery).
+        self.eval_every = self.steps if self.on_failure == "continue" else args.eval_every or max(1, self.steps // 10)
+        self.kill_at = None  # fault injection (--kill RANK:STEP): this rank dies at that step
+        for spec in getattr(args, "kill", None) or []:
+            r, at = parse_kill(spec, self.size)
+            if r == self.rank:
+                self.kill_at = at
+        self.failures = []  # failures survived: [{"step", "ranks", ...}] (--on-failure continue)
         torch.manual_seed(args.seed)
         self.model = models.build(args.model, self.data.shape, self.data.classes, args.width).to(self.device)
         self.eval_model = models.build(args.model, self.data.shape, self.data.classes, args.width).to(self.device)
@@ -111,7 +122,7 @@ class Run:
                  "peers": args.peers, "max_delay": args.max_delay, "hierarchical": args.hierarchical,
                  "node_size": args.node_size, "base": args.base, "inner_steps": args.inner_steps,
                  "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, "warmup": args.warmup_steps,
-                 "wire": args.wire, "inner_mixing": args.inner_mixing,
+                 "wire": args.wire, "inner_mixing": args.inner_mixing, "on_failure": self.on_failure,
                  "topology": topo_mod.make(topology_name(args, averaging), peers=args.peers, seed=args.seed)}
         accepted = mgt.options_of(self.algorithm, args.base)
         return mgt.make(self.algorithm, self.model, comm=self.comm, timeout=self.timeout,
@@ -177,6 +188,21 @@ class Run:
                 "loss": loss_value, "compute_s": compute,
                 "comm_s": comm_s, "wait_s": waited}
 
+    def _survive(self, step):
+        """The algorithm survived a failure in this step: the job's own communicator (evaluation,
+        metrics) shrinks to the survivors too, and the failure is recorded."""
+        t0 = time.perf_counter()
+        rec = failures.shrink(self.comm, step, timeout=self.timeout, op="train (the job's communicator)")
+        self.comm, self.size = rec.comm, rec.comm.Get_size()
+        self.evaluate = Evaluator(self.eval_model, self.x_test, self.y_test, comm=self.comm, timeout=self.timeout)
+        event = dict(self.algo.failures[len(self.failures)], time_s=time.perf_counter() - self.t_start,
+                     job_shrink_s=time.perf_counter() - t0)
+        self.failures.append(event)
+        if self.comm.Get_rank() == 0:
+            print(f"\n{self.algorithm}: rank{'s' if len(event['ranks']) > 1 else ''} "
+                  f"{', '.join(map(str, event['ranks']))} failed at step {event['step']}; {self.size} survivors go on "
+                  f"(recovered in {event['seconds']:.2f} s, weight lost {event['weight_lost']:.3g})", flush=True)
+
     def _progress(self, step, record, last):
         done = (step + 1) / self.steps
         acc = f" acc {last['test_accuracy']:.3f}" if last else ""
@@ -190,7 +216,8 @@ class Run:
         if args.resume:
             self.start_step = checkpoint.resume(self, args.resume)
         progress = self.rank == 0 and not args.quiet and interactive()
-        stop = StopAgreement(comm, self.timeout) if self.out else None  # SIGUSR1/SIGTERM: checkpoint, exit 75
+        # SIGUSR1/SIGTERM: checkpoint, exit 75 (not while surviving failures: its per-step collective)
+        stop = StopAgreement(comm, self.timeout) if self.out and self.on_failure == "abort" else None
         if self.start_step == 0:  # the starting point of the curves: the model before training
             self._log({"step": -1, "steps_done": 0, "time_s": 0.0, **self.evaluate(self.model, self.algo)})
         deadline.barrier(comm, timeout=self.timeout, op="train start")
@@ -202,7 +229,12 @@ class Run:
         for step in range(self.start_step, self.steps):
             if stop is not None and stop.stop_at(step, self.start_step):
                 return self._preempt(step)
+            if step == self.kill_at:
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
             record = self.train_step(step)
+            if len(getattr(self.algo, "failures", ())) > len(self.failures):
+                self._survive(step)
             self.train_s = record["train_s"]  # this rank's training time at its last step (before drain)
             t_aside = time.perf_counter()
             if (step + 1) % self.eval_every == 0 or step + 1 == self.steps:
@@ -244,7 +276,8 @@ class Run:
                    "time_per_step_s": train_max / max(1, done), "throughput_steps_s": throughput,
                    "compute_time_s": compute / self.size, "comm_time_s": comm_s / self.size,
                    "wait_time_s": wait / self.size, "blocked_in_mpi_s": blocked / self.size,
-                   "tcp_progress_thread": progress.is_on()}
+                   "tcp_progress_thread": progress.is_on(), "on_failure": self.on_failure,
+                   "failures": self.failures, "initial_world_size": self.initial_size}
         if self.metrics_file is not None:
             self.metrics_file.close()
         if self.out and self.rank == 0:
@@ -269,6 +302,7 @@ def run_many(args, comm, algorithms, lrs, out_for):
         for lr in lrs:
             run = Run(args, comm, algorithm, lr, out_for(algorithm, lr))
             summary = run.run()
+            comm = run.comm  # the survivors' after a failure (--on-failure continue)
             summaries.append(summary)
             if comm.Get_rank() == 0:
                 print(one_line(summary), flush=True)

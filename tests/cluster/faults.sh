@@ -10,10 +10,14 @@
 #            operation and the peer waited for (a blocking MPI call, such as the Allreduce after
 #            AllreduceAverager's guard, cannot be interrupted: there the keepalive ends the job);
 #   outage   node 3's link down for 10 s, then back: the job must finish with exact results;
-#   stop     rank 1 (on node 2) SIGSTOPped mid-run: the others abort within seconds naming it.
+#   stop     rank 1 (on node 2) SIGSTOPped mid-run: the others abort within seconds naming it;
+#   kill     under ULFM (--with-ft ulfm), a rank SIGKILLs itself: the survivors of
+#            PushSum(on_failure="continue") go on (tests/scripts/survive.py: 16 MB with one rank
+#            per node, torch with two), and `train --on-failure continue` on 4 nodes loses rank 2 at
+#            step 100 and its 3 survivors reach 90% on the digits.
 # Exits non-zero if any case fails. Restores every link and ends stray ranks by PID.
 #
-#   bash tests/cluster/faults.sh [cut|deadline|outage|stop ...]   (default: all four)
+#   bash tests/cluster/faults.sh [cut|deadline|outage|stop|kill ...]   (default: all five)
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -135,13 +139,45 @@ stop_case() {  # rank 1 stops itself after 5 PushSum steps (ring graph, 3 s dead
   fi
 }
 
-cases=${*:-cut deadline outage stop}
+kill_case() {  # a killed rank survived: survive.py's checks on every survivor, then a training run
+  local what n map args out rc
+  for what in "4 node --victim 3 --mb 16" "8 slot --victim 5 --kind torch"; do
+    read -r n map args <<<"$what"
+    # shellcheck disable=SC2086
+    timeout -k 5 120 $MPI --with-ft ulfm -n "$n" --map-by "$map" "$PY" "$PWD/tests/scripts/survive.py" $args >"$LOG" 2>&1
+    rc=$?
+    strays
+    if [ "$(grep -ac '^survive: .*"ok": true' "$LOG")" -ne $((n - 1)) ] || [ $rc -ne 0 ]; then
+      fail kill "$n ranks ($args): exit $rc, not every survivor passed"; return
+    fi
+  done
+  out=$(mktemp -d)
+  timeout -k 5 240 $MPI --with-ft ulfm -n 4 --map-by node "$PY" -m mpigossip train --algorithm sgp --steps 300 \
+    --on-failure continue --kill 2:100 --quiet --out "$out" >"$LOG" 2>&1
+  rc=$?
+  strays
+  if [ $rc -ne 0 ] || ! "$PY" - "$out/summary.json" <<'PYEOF' >>"$LOG" 2>&1; then
+import json, sys
+s = json.load(open(sys.argv[1]))
+[f] = s["failures"]
+assert s["world_size"] == 3 and f["ranks"] == [2] and f["seconds"] < 15 and s["final_accuracy"] >= 0.9, s
+print(f"train: rank 2 lost at step {f['step']}, recovered in {f['seconds']:.2f} s, accuracy {s['final_accuracy']:.3f}")
+PYEOF
+    fail kill "the training run (exit $rc)"
+  else
+    pass kill "survivors passed at 4 and 8 ranks; $(grep -a '^train: rank 2 lost' "$LOG")"
+  fi
+  rm -rf "$out"
+}
+
+cases=${*:-cut deadline outage stop kill}
 for c in $cases; do
   case $c in
     cut) cut_case cut 120 both "Remote daemon: .* on node node3" ;;
     deadline) cut_case deadline 10 pushsum "mpigossip: rank [0-9]+/4: .*timed out after 10 s" ;;
     outage) outage_case ;;
     stop) stop_case ;;
+    kill) kill_case ;;
     *) echo "tests/cluster/faults.sh: unknown case $c" >&2; exit 2 ;;
   esac
 done

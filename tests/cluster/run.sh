@@ -9,7 +9,7 @@
 #     and hierarchical runs with 2 ranks on each of the 4 nodes;
 #   - faults across nodes (tests/cluster/faults.sh, one step per case): a link cut for good, the
 #     same with the package's deadline firing first, a 10 s outage ridden out with exact results,
-#     a stopped rank;
+#     a stopped rank, a killed rank survived under ULFM (--on-failure continue);
 #   - the jobs/ scripts under a Slurm across the 4 nodes (tests/cluster/slurm_jobs.py): placement,
 #     GPU binding and threads per node, compare, bench, preemption, a lost node (NODE_FAIL, requeue,
 #     resume from the checkpoint).
@@ -74,7 +74,7 @@ print("cluster: accuracy: " + ", ".join(f"{a} {acc:.3f}" for a, acc in sorted(fo
 PY
 export STEP_RETRY_ON_3=0
 
-for case in cut deadline outage stop; do
+for case in cut deadline outage stop kill; do
   step "cluster: faults: $case" 300 bash tests/cluster/faults.sh "$case"
 done
 step "cluster: Slurm jobs on 4 nodes" 600 "$PY" -m pytest -q --color=no -p no:cacheprovider \

@@ -1,0 +1,154 @@
+"""Peers that fail: the survivors of a killed rank go on (Open MPI's ULFM), one layer under
+the communicators.
+
+A communicator built with ``on_failure="continue"`` moves its messages on persistent
+requests (with Open MPI's ob1, a request to a dead peer that completes in error and is then
+freed ends the job, whatever the error handlers: see docs/RESULTS.md "Live fault
+tolerance"), waits for them with :func:`wait`, which turns a process failure or a revoked
+communicator into :class:`PeerFailure`, and recovers with :func:`shrink`: the communicator is
+revoked (every survivor's pending operation on it fails at once), shrunk to the survivors,
+and the survivors agree on the step to go on from. What the communicator then does (the
+topology rebuilt over the survivors, the mass lost reported) is its own contract; ranks that
+leave on purpose go through :mod:`mpigossip.membership` instead, without loss.
+
+Needs a launch with ULFM on (``mpiexec --with-ft ulfm``, or ``python -m mpigossip launch
+--fault-tolerant``); without it the runtime ends the job at the first failure, as it always
+did. A process that has seen a failure must end without ``MPI_Finalize`` (the survivors hang
+in it over TCP): :func:`exit` does that.
+"""
+
+import os
+import sys
+import time
+
+from mpi4py import MPI
+
+from . import deadline
+
+#: Error classes that mean "a peer failed" (or another survivor revoked the communicator).
+FAILED = frozenset(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+                   if hasattr(MPI, n))
+#: The values of ``on_failure=``.
+CHOICES = ("abort", "continue")
+
+_kept = []  # revoked communicators and their persistent requests: never freed (see the module)
+_seen = [False]
+
+
+class PeerFailure(RuntimeError):
+    """A peer of a communicator failed, or another survivor revoked it (ULFM)."""
+
+    def __init__(self, op, error_class):
+        self.op, self.error_class = op, error_class
+        name = {getattr(MPI, n, None): n for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")}
+        super().__init__(f"{op}: {name.get(error_class, error_class)}")
+
+
+def enabled(environ=None):
+    """Whether this process was launched with ULFM on (Open MPI's ``--with-ft ulfm`` sets
+    ``OMPI_MCA_mpi_ft_enable``); without it a failed rank ends the job."""
+    value = (os.environ if environ is None else environ).get("OMPI_MCA_mpi_ft_enable", "")
+    return value.strip().lower() in ("1", "true", "yes", "on", "enabled")
+
+
+def check_on_failure(value):
+    """The problem with an ``on_failure=`` argument, or None."""
+    if value not in CHOICES:
+        return f"on_failure must be one of {', '.join(map(repr, CHOICES))}, got {value!r}"
+    return None
+
+
+def seen():
+    """Whether this process has recovered from a failure (then it must end with :func:`exit`)."""
+    return _seen[0]
+
+
+def _error_class(exc, statuses):
+    cls = exc.Get_error_class()
+    if cls == MPI.ERR_IN_STATUS and statuses:  # the class of the first request that failed
+        for status in statuses:
+            err = status.Get_error()
+            if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                return MPI.Get_error_class(err)
+    return cls
+
+
+def wait(requests, *, comm, timeout, op, peer=None):
+    """:func:`mpigossip.deadline.wait` of ``requests`` (persistent ones: their completion in
+    error must not free them) that raises :class:`PeerFailure` when a peer has failed or the
+    communicator was revoked; other MPI errors propagate, a timeout ends the job as always."""
+    statuses = [MPI.Status() for _ in requests]
+
+    def done():
+        try:
+            return MPI.Request.Testall(requests, statuses)
+        except MPI.Exception as exc:
+            cls = _error_class(exc, statuses)
+            if cls in FAILED:
+                raise PeerFailure(op, cls) from None
+            raise
+
+    deadline.wait_until(done, comm=comm, timeout=timeout, op=op, peer=peer)
+
+
+def keep(*objects):
+    """Keep MPI objects of a failed communicator (its persistent requests) alive to the end
+    of the process: freeing them may end the job (see the module)."""
+    _kept.extend(objects)
+
+
+class Recovery:
+    """What :func:`shrink` returns.
+
+    Attributes:
+        comm: the survivors' communicator (errors return on it).
+        lost: the ranks of the old communicator that failed, sorted.
+        step: the agreed step (the largest ``step`` any survivor passed).
+        seconds: how long the revoke, the shrink and the agreement took.
+    """
+
+    def __init__(self, comm, lost, step, seconds):
+        self.comm, self.lost, self.step, self.seconds = comm, lost, step, seconds
+
+    def __repr__(self):
+        return f"<Recovery lost={self.lost} size={self.comm.Get_size()} step={self.step} {self.seconds:.3f} s>"
+
+
+def shrink(comm, step, *, timeout, op):
+    """Collective over the survivors of ``comm``: revoke it, shrink it to the survivors, and
+    agree on the step (the largest ``step`` passed: a survivor whose exchanges with live peers
+    completed may be ahead of one that met the failure). ``comm`` itself is kept, never freed.
+    A further failure during the agreement is met by shrinking again."""
+    start = time.monotonic()
+    _seen[0] = True
+    original = list(range(comm.Get_size()))  # comm's ranks -> the first communicator's
+    lost = []
+    while True:
+        try:
+            comm.Revoke()
+        except MPI.Exception:  # already revoked by another survivor
+            pass
+        new = comm.Shrink()
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), comm.Get_group())
+        lost += [original[r] for r in sorted(set(range(comm.Get_size())) - set(kept))]
+        original = [original[r] for r in kept]
+        keep(comm)
+        try:
+            agreed = deadline.allreduce(new, int(step), timeout=timeout, op=f"{op} (the step to go on from)",
+                                        reduce=MPI.MAX)
+        except MPI.Exception as exc:  # another rank failed meanwhile: shrink again
+            if exc.Get_error_class() not in FAILED:
+                raise
+            comm = new
+            continue
+        return Recovery(new, sorted(lost), int(agreed), time.monotonic() - start)
+
+
+def exit(code=0):
+    """End this process without ``MPI_Finalize`` (after a failure the survivors hang in it
+    over TCP): flush the output and leave at once. Call it at the end of a program that set
+    ``on_failure="continue"`` where :func:`seen` is true; elsewhere a normal exit is fine."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,85 @@
+"""A rank is killed (SIGKILL) mid-training; the survivors of PushSum(on_failure="continue") go on.
+
+    mpiexec --with-ft ulfm -n N python survive.py [--steps 40] [--die 6] [--victim N-1]
+        [--kind numpy|torch] [--mb 1] [--mid]
+
+Every rank mixes a buffer of small integers (its rank plus a pattern) with a 10 ms "compute"
+per step (--mid: the victim dies 2 ms into its exchange of step --die, with messages in flight,
+instead of before it). Each survivor checks, and prints one JSON line ``survive: {...}``:
+- it took every step and stands at the same step as the others (the matched-call rule);
+- the failure is recorded alike on every survivor: the victim's rank, the size after, the
+  weight lost, a recovery time;
+- Σx and Σw over the survivors are conserved from a few steps after the failure to the end
+  (nothing else lost), and Σw plus the weight lost is the initial world size;
+- z = x / w has converged over the survivors, inside the range of the initial values.
+Ends with ``mpigossip.failures.exit`` (no MPI_Finalize).
+"""
+
+import argparse
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpigossip as mg
+from mpigossip import failures
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=40)
+p.add_argument("--die", type=int, default=6)
+p.add_argument("--victim", type=int, default=-1)
+p.add_argument("--kind", choices=("numpy", "torch"), default="numpy")
+p.add_argument("--mb", type=float, default=1.0)
+p.add_argument("--mid", action="store_true")
+a = p.parse_args()
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+victim = a.victim if a.victim >= 0 else size - 1
+n = max(1, int(a.mb * (1 << 20)) // 8)
+base = np.arange(n, dtype=np.float64) % 7
+x = base + rank
+if a.kind == "torch":
+    import torch
+    x = torch.from_numpy(x)
+host = x.numpy() if a.kind == "torch" else x
+
+ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60)
+mark = None
+for i in range(a.steps):
+    if rank == victim and i == a.die:
+        if not a.mid:
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(0.012, os.kill, (os.getpid(), signal.SIGKILL)).start()  # in the step below
+    time.sleep(0.01)
+    ps.step()
+    if i == a.die + 3:  # every survivor has recovered and caught up
+        mark = (ps.comm.allreduce(float(host.sum())), ps.comm.allreduce(ps.weight))
+comm = ps.comm
+sum_x, sum_w = comm.allreduce(float(host.sum())), comm.allreduce(ps.weight)
+z = host / ps.weight
+zmin, zmax = np.empty(n), np.empty(n)
+comm.Allreduce(z, zmin, op=MPI.MIN)
+comm.Allreduce(z, zmax, op=MPI.MAX)
+steps = comm.allgather(ps.steps)
+records = comm.allgather(json.dumps(ps.failures and {k: v for k, v in ps.failures[0].items() if k != "seconds"}))
+f = ps.failures[0] if ps.failures else {}
+checks = {  # bool() each: numpy booleans do not serialise
+    "steps": steps == [a.steps] * comm.Get_size(),
+    "one failure": len(ps.failures) == 1 and f["ranks"] == [victim] and f["size"] == size - 1,
+    "same record": len(set(records)) == 1,
+    "recovered within 15 s": bool(f) and f["seconds"] < 15,
+    "mass conserved after": mark is not None and np.isclose(mark[0], sum_x, rtol=1e-12)
+                            and np.isclose(mark[1], sum_w, rtol=1e-12),
+    "weight accounted": bool(f) and abs(sum_w + f["weight_lost"] - size) < 1e-9,
+    "converged": float(np.max(zmax - zmin)) < 1e-6,
+    "inside": float(zmin.min()) >= 0 and float(zmax.max()) <= 6 + size - 1,
+}
+checks = {k: bool(v) for k, v in checks.items()}
+print("survive: " + json.dumps({"rank": rank, "ok": all(checks.values()), "checks": checks,
+                                "failure": f, "size": comm.Get_size()}), flush=True)
+failures.exit(0 if all(checks.values()) else 1)
