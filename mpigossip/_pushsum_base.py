@@ -9,14 +9,15 @@ steps differ in contract (PushSum's ranks run in lockstep, AGP's never wait), so
 
 from mpi4py import MPI
 
-from . import buffers, deadline, failures, kernels, membership
+from . import buffers, deadline, kernels, membership
 from . import topology as topo_mod
 from . import wire as wire_mod
 from ._base import Communicator
 from ._pipeline import bind_mixing
+from ._tolerant import Survives
 
 
-class PushSumBase(Communicator):
+class PushSumBase(Survives, Communicator):
     """A numerator ``x`` and its PushSum weight ``w`` on one flat buffer (see
     :class:`~mpigossip.PushSum` and :class:`~mpigossip.agp.AsyncPushSum`).
 
@@ -68,8 +69,7 @@ class PushSumBase(Communicator):
         self.departures = []
         self.left = False
         self._members = None  # a membership.Membership once joined
-        self.failures = []
-        self._skip = 0  # calls left that only count (after a failure: the ranks behind catch up)
+        self.failures = []  # failures survived (on_failure="continue": _tolerant.Survives)
 
     def _bind_topology(self):
         topology, slots = self._graph
@@ -89,7 +89,7 @@ class PushSumBase(Communicator):
         self._check_open()
         if self._started:
             raise RuntimeError(f"{self._name}.join(): call finish() first")
-        if getattr(self, "_tolerant", None) is not None:
+        if self._exchange is not None:
             raise RuntimeError(f"{self._name}.join(): not with on_failure='continue'")
         membership.check_join(self.comm, self.steps, self._members is not None, timeout=self.timeout,
                               op=f"{self._name}.join")
@@ -131,25 +131,12 @@ class PushSumBase(Communicator):
         self._members = membership.Membership(new, timeout=self.timeout, op=self._name)
 
     # ------------------------------------------------------------------ failures
-    def _recover(self, entry, exchange):
-        """A peer failed in the step entered at ``entry`` (this rank's ``(x, w)`` as before
-        it): shrink to the survivors, rebind the topology over them, report the weight lost.
-        Every survivor then stands at the same step: one that met the failure a step behind
-        another makes its next calls count only, so that every later call is matched."""
-        op = f"{self._name} (failure at step {entry})"
-        exchange.abandon()
-        rec = failures.shrink(self.comm, entry, timeout=self.timeout, op=op)
-        self.comm, self._owns_comm = rec.comm, True
-        self.rank, self.size = rec.comm.Get_rank(), rec.comm.Get_size()
-        self.topology = self._bind_topology()
+    def _lost_mass(self, op):
+        """The weight Σw lost with the failed ranks (their own and what was in flight to or from
+        them): the same number on every survivor."""
         total = deadline.allreduce(self.comm, self.weight, timeout=self.timeout, op=f"{op} (weight left)")
-        gone = set(rec.lost)
-        self.failures.append({"step": rec.step, "ranks": [self.members[r] for r in rec.lost], "size": self.size,
-                              "weight_lost": self._total_weight - total, "seconds": rec.seconds})
-        self.members = [m for r, m in enumerate(self.members) if r not in gone]
-        self._total_weight = total
-        self._skip = rec.step - entry
-        self.steps = entry + 1
+        lost, self._total_weight = self._total_weight - total, total
+        return {"weight_lost": lost}
 
     def _new_transport(self):
         """A full-size message buffer: the buffer's dtype, or its wire bytes."""

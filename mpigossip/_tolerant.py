@@ -1,7 +1,8 @@
-"""PushSum's synchronous step on persistent requests, for ``on_failure="continue"``.
+"""The synchronous mixing step (PushSum, D-PSGD) on persistent requests, for
+``on_failure="continue"``, and the recovery those communicators share.
 
-The same round as :mod:`mpigossip._pipeline` (``x`` sent zero-copy, each in-peer's ``x``
-received and combined in one fused pass), with two differences the failure path needs
+:class:`PersistentExchange` is the same round as :mod:`mpigossip._pipeline` (``x`` sent
+zero-copy, each in-peer's ``x`` received and combined in one fused pass), with two differences the failure path needs
 (:mod:`mpigossip.failures`): every message is a persistent request, made once per peer and
 receive slot and started each step (with Open MPI's ob1, a non-persistent request to a dead
 peer may end the job), and ``x`` is combined only once every message of the step has arrived,
@@ -22,14 +23,15 @@ _X_TAG, _W_TAG = 1, 2
 
 
 class PersistentExchange:
-    """The persistent requests of one PushSum over its current communicator.
+    """The persistent requests of one communicator's mixing step over its current communicator.
 
-    ``owner`` is the PushSum: its ``comm``, ``buffer``, ``weight``, ``timeout``, ``_name``,
-    ``_stage``, ``_cuda_aware`` and ``_combine``.
+    ``owner`` is the communicator: its ``comm``, ``buffer``, ``timeout``, ``_name``, ``_stage``,
+    ``_cuda_aware``, ``_acquire``, ``_release`` and ``_combine(self_weight, parts, shares)``;
+    with ``weighted`` (PushSum) also its ``weight``, sent and mixed alongside ``x``.
     """
 
-    def __init__(self, owner):
-        self.owner = owner
+    def __init__(self, owner, *, weighted=True):
+        self.owner, self.weighted = owner, weighted
         self._x = buffers.Transport(owner.buffer, stage=owner._stage, cuda_aware=owner._cuda_aware)
         self._slots = []   # receive Transports, one per in-peer index of a step
         self._wsend = np.zeros(1, dtype=np.float64)
@@ -55,16 +57,21 @@ class PersistentExchange:
         return self._sends[dst]
 
     def run(self, self_weight, outs, ins, shares, op):
-        """One round: ``(x, w) = self_weight * (x, w) + sum_j shares[j] * (x_j, w_j)``; raises
-        :class:`~mpigossip.failures.PeerFailure` (``(x, w)`` unchanged) if a peer failed."""
+        """One round: ``(x, w) = self_weight * (x, w) + sum_j shares[j] * (x_j, w_j)`` (``x``
+        alone unless ``weighted``); raises :class:`~mpigossip.failures.PeerFailure` (``(x, w)``
+        unchanged) if a peer failed."""
         owner = self.owner
         recvs = [self._recv(src, j) for j, src in enumerate(ins)]
         sends = [self._send(dst) for dst in outs]
         owner.buffer.synchronize()   # x written, no device work still reads the slots
+        for slot in self._slots[:len(ins)]:
+            _ = slot.memory          # a staged slot's copy to the device has finished (Transport.memory waits)
         self._x.before_send()
-        self._wsend[0] = owner.weight
-        requests = [r for x, w, _ in recvs for r in (x, w)] + [r for pair in sends for r in pair]
-        peers = [src for src in ins for _ in (0, 1)] + [dst for dst in outs for _ in (0, 1)]
+        kinds = 2 if self.weighted else 1
+        if self.weighted:
+            self._wsend[0] = owner.weight
+        requests = [r for x, w, _ in recvs for r in (x, w)[:kinds]] + [r for pair in sends for r in pair[:kinds]]
+        peers = [src for src in ins for _ in range(kinds)] + [dst for dst in outs for _ in range(kinds)]
         MPI.Prequest.Startall(requests)
         failures.wait(requests, comm=owner.comm, timeout=owner.timeout, op=f"{owner._name}.{op}",
                       peer=lambda pending: sorted({peers[i] for i in pending}))
@@ -72,7 +79,8 @@ class PersistentExchange:
         for slot in self._slots[:len(ins)]:
             slot.after_recv()
             parts.append(slot.buffer.array)
-        owner.weight = self_weight * owner.weight + sum(s * float(w[0]) for s, (_, _, w) in zip(shares, recvs))
+        if self.weighted:
+            owner.weight = self_weight * owner.weight + sum(s * float(w[0]) for s, (_, _, w) in zip(shares, recvs))
         owner._acquire()
         owner._combine(self_weight, parts, shares)
         owner._release()
@@ -89,3 +97,61 @@ class PersistentExchange:
         for r in [r for x, w, _ in self._recvs.values() for r in (x, w)] + [r for p in self._sends.values() for r in p]:
             r.Free()
         self._recvs, self._sends = {}, {}
+
+
+class Survives:
+    """Mix-in of a communicator whose synchronous ``step()`` survives failed peers
+    (``on_failure="continue"``): the step runs on a :class:`PersistentExchange`; a failure met
+    in it shrinks the communicator to the survivors (:func:`mpigossip.failures.shrink`),
+    rebinds the topology over them and records the failure.
+
+    The class mixed into provides ``comm``, ``rank``, ``size``, ``steps``, ``timeout``,
+    ``members``, ``failures`` and ``_name``, and overrides :meth:`_rebind` (its topology
+    over the survivors) and :meth:`_lost_mass` where it has something to say.
+    """
+
+    _exchange = None  # a PersistentExchange when on_failure="continue"
+    _skip = 0         # calls left that only count (after a failure: a survivor that was behind)
+
+    def _tolerant_step(self, run):
+        """``run(k)`` for step k (raises PeerFailure, leaving the buffer as it was), unless this
+        call only counts; a failure is recovered from here and the step counts."""
+        k = self.steps
+        if self._skip:
+            self._skip -= 1
+            self.steps += 1
+            return
+        try:
+            run(k)
+        except failures.PeerFailure:
+            self._recover(k)
+            return
+        self.steps += 1
+
+    def _recover(self, entry):
+        """A peer failed in the step entered at ``entry``: shrink to the survivors, rebind the
+        topology over them, record the failure. Every survivor then stands at the same step: one
+        that met the failure behind another makes its next calls count only, so that every later
+        call is matched (a loop of N calls ends together on every survivor)."""
+        op = f"{self._name} (failure at step {entry})"
+        self._exchange.abandon()
+        rec = failures.shrink(self.comm, entry, timeout=self.timeout, op=op)
+        self.comm, self._owns_comm = rec.comm, True
+        self.rank, self.size = rec.comm.Get_rank(), rec.comm.Get_size()
+        self._rebind()
+        record = {"step": rec.step, "ranks": [self.members[r] for r in rec.lost], "size": self.size,
+                  **self._lost_mass(op), "seconds": rec.seconds}
+        self.failures.append(record)
+        gone = set(rec.lost)
+        self.members = [m for r, m in enumerate(self.members) if r not in gone]
+        self._skip = rec.step - entry
+        self.steps = entry + 1
+
+    def _rebind(self):
+        """After a shrink: the graph over the survivors (the communicator's ``_bind_topology``)."""
+        self.topology = self._bind_topology()
+
+    def _lost_mass(self, op):
+        """What the failure cost, as entries of the record (override; collective over the
+        survivors)."""
+        return {}

@@ -4,15 +4,17 @@ import warnings
 
 from mpi4py import MPI
 
-from . import buffers, deadline, kernels
+from . import buffers, deadline, failures, kernels
 from ._base import Communicator, check_chunk_bytes
 from ._checks import integer_error
 from ._ring import ALGORITHMS, Layout, NodeRing, Ring
+from ._tolerant import Survives
+from ._tolerant_allreduce import PersistentRing
 from ._wire_allreduce import NodeWireAllreduce, WireAllreduce
 from .membership import MeanJoin
 
 
-class AllreduceAverager(MeanJoin, Communicator):
+class AllreduceAverager(MeanJoin, Survives, Communicator):
     """Exact in-place mean of one buffer over ``comm``: MPI's ``Allreduce`` / ``Iallreduce``
     with SUM, or a ring over ``Isend``/``Irecv``, flat or node-aware (:mod:`mpigossip._ring`),
     whichever runs nearer the network's limit for this size and layout.
@@ -48,6 +50,15 @@ class AllreduceAverager(MeanJoin, Communicator):
         segment_bytes: the rings' message size (256 KiB). Same on every rank.
         layout: a :class:`mpigossip._ring.Layout` of ``comm`` to share (many averagers on one
             communicator: its sub-communicators are made once); default: its own.
+        on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on
+            (:mod:`mpigossip.failures`; launch with ``mpiexec --with-ft ulfm``). ``average()``
+            then runs a ring on persistent requests (:mod:`mpigossip._tolerant_allreduce`);
+            the average that meets a failure leaves the buffer as it was (a survivor whose
+            ring had completed keeps its mean: the ranks' buffers may differ by that one
+            average), the communicator shrinks to the survivors, and from the next
+            ``average()`` on the mean is theirs. ``failures``/``members`` as for
+            :class:`mpigossip.PushSum`. Blocking ``average()`` only: not with ``wire``,
+            ``start()``/``finish()`` or :meth:`join`.
 
     ``average()`` blocks; ``start()`` posts a nonblocking ``Iallreduce`` that overlaps
     with computation until ``finish()``. Do not touch ``buf`` in between. Uneven data shards:
@@ -58,14 +69,25 @@ class AllreduceAverager(MeanJoin, Communicator):
     _name = "AllreduceAverager"
 
     def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None, dup=True,
-                 wire=None, algorithm="auto", segment_bytes=256 << 10, layout=None):
+                 wire=None, algorithm="auto", segment_bytes=256 << 10, layout=None, on_failure="abort"):
         super().__init__(comm, timeout, dup=dup)
         error = check_chunk_bytes(chunk_bytes, auto=True) or integer_error(segment_bytes, "segment_bytes", 1)
         if algorithm not in ALGORITHMS:
             error = error or f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
+        error = error or failures.check_on_failure(on_failure)
+        if error is None and on_failure == "continue" and wire is not None:
+            error = f"on_failure='continue' averages in the buffer's own dtype, not wire={wire!r}"
         self._validate(error)
         self.buffer = self._check_buffer(buf, name="buf", wire=wire, same={
-            "chunk_bytes": chunk_bytes, "algorithm": algorithm, "segment_bytes": segment_bytes})
+            "chunk_bytes": chunk_bytes, "algorithm": algorithm, "segment_bytes": segment_bytes,
+            "on_failure": on_failure})
+        self.on_failure = on_failure
+        self.members, self.failures = list(range(self.size)), []
+        if on_failure == "continue":
+            self._exchange = PersistentRing(self, stage=stage, cuda_aware=cuda_aware)
+            if not failures.enabled() and self.rank == 0:
+                warnings.warn("AllreduceAverager(on_failure='continue') without ULFM: a failed rank still ends the "
+                              "job (launch with mpiexec --with-ft ulfm)", RuntimeWarning, stacklevel=2)
         self.wire = wire
         self._own_layout = layout is None
         self.layout = Layout(self.comm, timeout=self.timeout) if layout is None else layout
@@ -106,6 +128,9 @@ class AllreduceAverager(MeanJoin, Communicator):
 
     def average(self):
         """Blocking exact mean (after :meth:`join`: over the ranks still training)."""
+        if self._exchange is not None:
+            self._check_idle()
+            return self._tolerant_step(self._exchange.run)
         if self._shadow_round():
             return
         self._average()
@@ -164,6 +189,9 @@ class AllreduceAverager(MeanJoin, Communicator):
     def start(self):
         """Post the nonblocking ``Iallreduce`` (with a wire format: the reduce-scatter); returns at once
         (after :meth:`join`, a small blocking count of the ranks still training comes first)."""
+        if self._exchange is not None:
+            raise RuntimeError(f"{self._name}(on_failure='continue') survives failures in average() only, not in "
+                               "start()/finish()")
         if self._shadow_round(overlap=True):
             return
         self._start()
@@ -248,10 +276,21 @@ class AllreduceAverager(MeanJoin, Communicator):
         if self._request is not None:
             self.finish()
 
+    def _rebind(self):
+        """After a shrink: nothing to rebind (the ring is rebuilt over the survivors)."""
+
+    def join(self):
+        """See :class:`~mpigossip.membership.MeanJoin` (not with ``on_failure="continue"``)."""
+        if self._exchange is not None:
+            raise RuntimeError(f"{self._name}.join(): not with on_failure='continue'")
+        super().join()
+
     def free(self):
         if not self.closed:
             self._complete()
-            if self._own_layout:
+            if self._exchange is not None and not self.failures:
+                self._exchange.free()
+            if self._own_layout and not self.failures:  # (its communicators hold the failed rank)
                 self.layout.free()
         self._free_comm()
 

@@ -11,13 +11,16 @@ symmetric ``W`` (Metropolis-Hastings or lazy weights); a directed regular graph
 (``ExponentialGraph``) is doubly stochastic too and is accepted.
 """
 
-from . import buffers
+import warnings
+
+from . import buffers, failures, kernels
 from . import topology as topo_mod
 from ._base import Communicator, check_chunk_bytes, step_tag
 from ._pipeline import Pipeline, bind_mixing
+from ._tolerant import PersistentExchange, Survives
 
 
-class DPSGD(Communicator):
+class DPSGD(Survives, Communicator):
     """D-PSGD averaging on one flat buffer.
 
     Args:
@@ -30,41 +33,86 @@ class DPSGD(Communicator):
         wire: ``None`` or a compressed format of :mod:`mpigossip.wire`, as for
             :class:`mpigossip.PushSum` (the sender keeps its rounding error: the mean over
             ranks stays exact).
+        on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on over
+            the topology rebuilt for them (doubly stochastic again, so their mean is kept from
+            then on; the step that met the failure leaves ``x`` as it was); as for
+            :class:`mpigossip.PushSum` (one piece, persistent requests; not with ``wire``).
+            ``failures`` records each failure (``step``, ``ranks``, ``size``, ``seconds``),
+            ``members`` the original ranks still taking part.
     """
 
     _name = "DPSGD"
     _renamed = {"step_count": "steps"}
 
     def __init__(self, x, *, comm, topology=None, timeout=None, cuda_aware=None, stage=None,
-                 chunk_bytes=4 << 20, slots=2, wire=None):
+                 chunk_bytes=4 << 20, slots=2, wire=None, on_failure="abort"):
         super().__init__(comm, timeout)
-        error = check_chunk_bytes(chunk_bytes)
+        error = check_chunk_bytes(chunk_bytes) or failures.check_on_failure(on_failure)
+        if error is None and on_failure == "continue" and wire is not None:
+            error = f"on_failure='continue' sends the buffer's own dtype, not wire={wire!r}"
         try:
-            self.topology = bind_mixing(topology, topo_mod.UndirectedRing(), self.size, slots=slots,
-                                        what="D-PSGD needs distinct neighbours")
-            self.topology.check_step(0, doubly=True)
+            self._graph = (topology, slots)
+            self.topology = self._bind_topology()
         except (TypeError, ValueError) as exc:
             error = error or str(exc)
         self._validate(error)
-        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots}, wire=wire)
+        self.buffer = self._check_buffer(x, name="x", same={"chunk_bytes": chunk_bytes, "slots": slots,
+                                                           "on_failure": on_failure}, wire=wire)
         self.wire = wire
         self.steps = 0
+        self.on_failure = on_failure
+        self.members, self.failures = list(range(self.size)), []
+        self._stage, self._cuda_aware = stage, cuda_aware
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
                                   cuda_aware=cuda_aware, wire=wire)
+        if on_failure == "continue":
+            self._exchange = PersistentExchange(self, weighted=False)
+            if not failures.enabled() and self.rank == 0:
+                warnings.warn("DPSGD(on_failure='continue') without ULFM: a failed rank still ends the job "
+                              "(launch with mpiexec --with-ft ulfm)", RuntimeWarning, stacklevel=2)
 
-    def step(self):
-        """One averaging round with this step's neighbours (collective over the graph)."""
-        self._check_open()
-        k = self.steps
+    def _bind_topology(self):
+        topology, slots = self._graph
+        bound = bind_mixing(topology, topo_mod.UndirectedRing(), self.size, slots=slots,
+                            what="D-PSGD needs distinct neighbours")
+        bound.check_step(0, doubly=True)
+        return bound
+
+    def _mixing(self, k):
+        """``(self_weight, outs, ins, weights)`` at step k (W's row and column of this rank)."""
         self.topology.check_step(k, doubly=True)
         self_weight, out_weights = self.topology.mixing_weights(self.rank, k)
         ins = self.topology.in_peers(self.rank, k)
         weights = [self.topology.mixing_weights(src, k)[1][self.rank] for src in ins]
-        self._pipeline.run(sorted(out_weights), ins, step_tag(k), f"step (step {k})",
+        return self_weight, sorted(out_weights), ins, weights
+
+    def _acquire(self):
+        self.buffer.acquire()
+
+    def _release(self):
+        self.buffer.release()
+
+    def _combine(self, self_weight, parts, weights):
+        kernels.weighted_sum(self.buffer.array, self.buffer.array, self_weight, parts, weights)
+
+    def step(self):
+        """One averaging round with this step's neighbours (collective over the graph)."""
+        self._check_open()
+        if self._exchange is not None:
+            return self._tolerant_step(lambda k: self._exchange.run(*self._mixing(k), f"step (step {k})"))
+        k = self.steps
+        self_weight, outs, ins, weights = self._mixing(k)
+        self._pipeline.run(outs, ins, step_tag(k), f"step (step {k})",
                            self_weight=self_weight, weights=weights, step=k)
         self.buffer.release()
         self.steps += 1
+
+    def free(self):
+        """Release the communicator (and the persistent requests, if no failure was met)."""
+        if not self.closed and self._exchange is not None and not self.failures:
+            self._exchange.free()
+        super().free()
 
     def __repr__(self):
         state = "freed" if self.closed else "open"

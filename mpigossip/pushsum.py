@@ -116,9 +116,8 @@ class PushSum(PushSumBase):
                          same={"chunk_bytes": chunk_bytes, "slots": slots, "on_failure": on_failure})
         self.max_delay = max_delay
         self.on_failure = on_failure
-        self._tolerant = None
         if on_failure == "continue":
-            self._tolerant = PersistentExchange(self)
+            self._exchange = PersistentExchange(self)
             self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
                                                     op=f"{self._name} (total weight)")
             if not failures.enabled() and self.rank == 0:
@@ -157,8 +156,8 @@ class PushSum(PushSumBase):
         if self.in_flight:
             raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
         self._overlap = False
-        if self._tolerant is not None:
-            return self._step_tolerant()
+        if self._exchange is not None:
+            return self._tolerant_step(lambda k: self._exchange.run(*self._mixing(k), f"step (step {k})"))
         if self._agree_members():
             return
         k = self.steps
@@ -180,22 +179,6 @@ class PushSum(PushSumBase):
         self._pipeline.run(outs, ins, _tag(k), op, self_weight=self_weight, weights=shares, step=k,
                            before_combine=new_weight, z=None if self._zbuf is None else self._zbuf.array)
         self._release()
-        self.steps += 1
-
-    def _step_tolerant(self):
-        """``step()`` with ``on_failure="continue"``: persistent requests, one combine at the
-        end; a failure met in it is recovered from (:meth:`_recover`) and the step counts."""
-        k = self.steps
-        if self._skip:  # behind the other survivors after a failure: this call only counts
-            self._skip -= 1
-            self.steps += 1
-            return
-        self_weight, outs, ins, shares = self._mixing(k)
-        try:
-            self._tolerant.run(self_weight, outs, ins, shares, f"step (step {k})")
-        except failures.PeerFailure:
-            self._recover(k, self._tolerant)
-            return
         self.steps += 1
 
     def _mixing(self, k):
@@ -222,7 +205,7 @@ class PushSum(PushSumBase):
         self._check_open()
         if self._started:
             raise RuntimeError("PushSum.start(): call finish() before the next start()")
-        if self._tolerant is not None:
+        if self._exchange is not None:
             raise RuntimeError("PushSum(on_failure='continue') survives failures in step() only, not in "
                                "start()/finish()")
         self._overlap = True
@@ -385,8 +368,8 @@ class PushSum(PushSumBase):
         """Drain what is in flight, then release the communicator (collective)."""
         if not self.closed:
             self._complete()
-            if self._tolerant is not None and not self.failures:
-                self._tolerant.free()
+            if self._exchange is not None and not self.failures:
+                self._exchange.free()
         self._free_comm()
 
     def __repr__(self):

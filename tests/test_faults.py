@@ -130,9 +130,12 @@ def survivors(out):
     (4, ["--victim", "3"]),                                  # shared memory, 1 MB
     (5, ["--victim", "2", "--kind", "torch", "--mb", "16", "--mid"]),  # dies mid-exchange (16 MB), torch
     (3, ["--victim", "0", "--die", "0"]),                    # rank 0, before its first step
+    (4, ["--victim", "1", "--algo", "dpsgd"]),
+    (4, ["--victim", "2", "--algo", "allreduce", "--mb", "16", "--mid"]),
 ])
 def test_survivors_of_a_killed_rank_go_on(n, args):
-    """PushSum(on_failure="continue") under ULFM: a rank SIGKILLs itself; every survivor learns
+    """PushSum, D-PSGD and AllreduceAverager with on_failure="continue" under ULFM: a rank
+    SIGKILLs itself; every survivor learns
     it in that step, recovers within 15 s and takes every step; the failure is recorded alike
     everywhere; Σx and Σw are conserved over the survivors afterwards and Σw plus the weight
     lost is the world size; z converges (tests/scripts/survive.py checks, per survivor)."""

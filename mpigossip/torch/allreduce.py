@@ -20,14 +20,23 @@ class AllReduce(_Wrapper):
     No ``wire=`` format here (:data:`mpigossip._registry.PARAMS_WIRE_REFUSED`): a compressed
     mean of the parameters would snap the model to the format's grid at every average.
     :class:`GradientAllReduce` (``"allreduce"``) compresses the gradients instead.
+
+    ``on_failure="continue"`` (flat, one parameter group, no floating-point buffers): the
+    survivors of a failed rank go on (:class:`mpigossip.AllreduceAverager`); the average that
+    met the failure may leave the survivors' models one average apart, the next ones make them
+    equal again.
     """
 
     name = "allreduce-params"
 
-    def __init__(self, model, *, comm, hierarchical=False, node_size=None, wire=None, timeout=None):
+    def __init__(self, model, *, comm, hierarchical=False, node_size=None, wire=None, on_failure="abort",
+                 timeout=None):
         if wire is not None and self.name == "allreduce-params":
             raise ValueError(f"allreduce-params takes no wire format: {PARAMS_WIRE_REFUSED}")
         self.hierarchical, self.node_size, self.wire = bool(hierarchical), node_size, wire
+        self._check_on_failure(on_failure, hierarchical and "needs the flat AllReduce, not hierarchical"
+                               or any(True for _ in _float_buffers(model)) and
+                               "cannot average floating-point buffers (BatchNorm statistics) yet")
         super().__init__(model, comm=comm, timeout=timeout)
         self.buffer_comms = [AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
                              for array in self.flat_buffers.arrays]
@@ -35,7 +44,8 @@ class AllReduce(_Wrapper):
     def _make(self, array):
         if self.hierarchical:
             return self._hierarchical(array, AllreduceAverager, wire=self.wire)
-        return AllreduceAverager(array, comm=self.comm, timeout=self.timeout, wire=self.wire)
+        extra = {} if self.on_failure == "abort" else {"on_failure": self.on_failure}
+        return AllreduceAverager(array, comm=self.comm, timeout=self.timeout, wire=self.wire, **extra)
 
     def _step(self):
         for c in self.comms:
@@ -48,3 +58,7 @@ class AllReduce(_Wrapper):
         for c in self.buffer_comms:
             c.free()
         self.buffer_comms = []
+
+
+def _float_buffers(model):
+    return (b for b in model.buffers() if b.is_floating_point())

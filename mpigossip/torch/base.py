@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .. import deadline
+from .. import deadline, failures
 from ..hierarchical import Hierarchical
 from ..periodic import Every
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
@@ -26,9 +26,11 @@ class _Wrapper(abc.ABC):
     """
 
     name = "?"
+    on_failure = "abort"
 
     def __init__(self, model, *, comm, broadcast=True, timeout=None):
         self._freed = False
+        self.failures = []  # failures survived (on_failure="continue"), as the first group recorded them
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
         self.model = model
@@ -47,6 +49,13 @@ class _Wrapper(abc.ABC):
             self.comm_time_s = 0.0  # seconds inside the algorithm's communication, wherever it runs
             self._rehomed = []  # groups moved into a node's shared window (hierarchical)
             self.comms = [self._make(array) for array in self.flat.arrays]
+            if self.on_failure == "continue" and len(self.comms) != 1:
+                for c in self.comms:
+                    c.free()
+                # Each group's communicator recovers in its own step; with several, a survivor a
+                # step ahead could meet them in another order than the others and deadlock.
+                raise ValueError(f"{self.name}: on_failure='continue' needs the model's parameters in one group "
+                                 f"(one dtype and device); this model has {len(self.comms)}")
         except BaseException:
             self.comm.Free()
             raise
@@ -103,8 +112,28 @@ class _Wrapper(abc.ABC):
         t0 = time.perf_counter()
         with self._ordered():
             self._step()
+        if self.on_failure == "continue":
+            self._follow_failures()
         self.comm_time_s += time.perf_counter() - t0
         self.steps += 1
+
+    def _check_on_failure(self, on_failure, refused=None):
+        """Validate ``on_failure=`` (``refused``: why this configuration cannot continue) and keep it."""
+        error = failures.check_on_failure(on_failure)
+        if error is None and on_failure == "continue" and refused:
+            error = f"{self.name}: on_failure='continue' {refused}"
+        if error:
+            raise ValueError(error)
+        self.on_failure = on_failure
+
+    def _follow_failures(self):
+        """Once every group's communicator has recovered from a failure (each shrank in the same
+        order on every survivor), the wrapper's own communicator (consensus, evaluation)
+        shrinks to the survivors too."""
+        if min(len(c.failures) for c in self.comms) > len(self.failures):
+            self.comm = failures.shrink(self.comm, self.steps, timeout=self.timeout,
+                                        op=f"{self.name} (the wrapper's communicator)").comm
+            self.failures.append(dict(self.comms[0].failures[len(self.failures)]))
 
     def consensus_model(self, into=None):
         """Collective (every rank calls it, not only the one that evaluates): the consensus

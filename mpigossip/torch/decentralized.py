@@ -13,18 +13,24 @@ class DPSGD(_Wrapper):
 
     With ``hierarchical=True`` the exact mean is taken inside each node (shared memory)
     and D-PSGD runs between nodes (``node_size`` as :class:`mpigossip.NodeMean`).
+
+    ``on_failure="continue"`` (flat only): the survivors of a failed rank go on, as for
+    :class:`~mpigossip.torch.SGP`.
     """
 
     name = "dpsgd"
 
-    def __init__(self, model, *, comm, topology=None, hierarchical=False, node_size=None, wire=None, timeout=None):
+    def __init__(self, model, *, comm, topology=None, hierarchical=False, node_size=None, wire=None,
+                 on_failure="abort", timeout=None):
         self.topology, self.hierarchical, self.node_size, self.wire = topology, bool(hierarchical), node_size, wire
+        self._check_on_failure(on_failure, hierarchical and "needs the flat D-PSGD, not hierarchical")
         super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
         if self.hierarchical:
             return self._hierarchical(array, _DPSGD, topology=self.topology, wire=self.wire)
-        return _DPSGD(array, comm=self.comm, topology=self.topology, timeout=self.timeout, wire=self.wire)
+        extra = {} if self.on_failure == "abort" else {"on_failure": self.on_failure}
+        return _DPSGD(array, comm=self.comm, topology=self.topology, timeout=self.timeout, wire=self.wire, **extra)
 
     def _step(self):
         for c in self.comms:

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from .. import failures, kernels
+from .. import kernels
 from .. import topology as topo_mod
 from .._registry import OPTION_DEFAULTS
 from ..pushsum import PushSum
@@ -26,7 +26,7 @@ class SGP(_Wrapper):
     With ``on_failure="continue"`` (launched with ULFM: :mod:`mpigossip.failures`) the
     survivors of a failed rank go on: each group's PushSum recovers in its step, then the
     wrapper's own communicator (consensus, evaluation) shrinks to the survivors too, at the
-    step where every group has recorded the failure; :attr:`failures` lists them.
+    step where every group has recorded the failure; ``failures`` lists them.
     """
 
     name = "sgp"
@@ -35,14 +35,8 @@ class SGP(_Wrapper):
 
     def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], hierarchical=False,
                  node_size=None, wire=None, on_failure="abort", timeout=None):
-        error = failures.check_on_failure(on_failure)
-        if error is None and on_failure == "continue" and (hierarchical or self.overlap):
-            error = (f"{self.name}: on_failure='continue' needs the synchronous flat SGP "
-                     f"({'hierarchical' if hierarchical else 'overlap'} is not covered)")
-        if error:
-            raise ValueError(error)
-        self.on_failure = on_failure
-        self.failures = []  # the failures survived, as the first group's PushSum recorded them
+        self._check_on_failure(on_failure, hierarchical and "needs the flat SGP, not hierarchical"
+                               or self.overlap and "needs the synchronous SGP, not overlap")
         self.wire = wire
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
         self.hierarchical, self.node_size = bool(hierarchical), node_size
@@ -74,12 +68,6 @@ class SGP(_Wrapper):
             ps.step()  # z written by the fused combine, except through a node's shared memory
             if self.hierarchical:
                 kernels.debias(z, ps.buffer.array, ps.weight)
-        if self.on_failure == "continue" and min(len(ps.failures) for ps in self.comms) > len(self.failures):
-            # Every group has met the failure (each shrank in the same order on every survivor):
-            # the wrapper's communicator follows.
-            self.comm = failures.shrink(self.comm, self.steps, timeout=self.timeout,
-                                        op=f"{self.name} (the wrapper's communicator)").comm
-            self.failures.append(dict(self.comms[0].failures[len(self.failures)]))
 
     @property
     def weights(self):

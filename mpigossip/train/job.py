@@ -89,10 +89,10 @@ class Run:
         # Surviving a failure: evaluate at the end only, over the survivors (an evaluation's
         # collectives would meet a failure outside the algorithm's recovery).
         self.eval_every = self.steps if self.on_failure == "continue" else args.eval_every or max(1, self.steps // 10)
-        self.kill_at = None  # fault injection (--kill RANK:STEP): this rank dies at that step
+        self.kill_at = None  # fault injection (--kill RANK:STEP, ranks of the launch): this rank dies at that step
         for spec in getattr(args, "kill", None) or []:
-            r, at = parse_kill(spec, self.size)
-            if r == self.rank:
+            r, at = parse_kill(spec, MPI.COMM_WORLD.Get_size())
+            if r == MPI.COMM_WORLD.Get_rank():
                 self.kill_at = at
         self.failures = []  # failures survived: [{"step", "ranks", ...}] (--on-failure continue)
         torch.manual_seed(args.seed)
@@ -201,7 +201,8 @@ class Run:
         if self.comm.Get_rank() == 0:
             print(f"\n{self.algorithm}: rank{'s' if len(event['ranks']) > 1 else ''} "
                   f"{', '.join(map(str, event['ranks']))} failed at step {event['step']}; {self.size} survivors go on "
-                  f"(recovered in {event['seconds']:.2f} s, weight lost {event['weight_lost']:.3g})", flush=True)
+                  f"(recovered in {event['seconds']:.2f} s"
+                  + (f", weight lost {event['weight_lost']:.3g})" if "weight_lost" in event else ")"), flush=True)
 
     def _progress(self, step, record, last):
         done = (step + 1) / self.steps

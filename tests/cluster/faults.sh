@@ -11,10 +11,10 @@
 #            AllreduceAverager's guard, cannot be interrupted: there the keepalive ends the job);
 #   outage   node 3's link down for 10 s, then back: the job must finish with exact results;
 #   stop     rank 1 (on node 2) SIGSTOPped mid-run: the others abort within seconds naming it;
-#   kill     under ULFM (--with-ft ulfm), a rank SIGKILLs itself: the survivors of
-#            PushSum(on_failure="continue") go on (tests/scripts/survive.py: 16 MB with one rank
-#            per node, torch with two), and `train --on-failure continue` on 4 nodes loses rank 2 at
-#            step 100 and its 3 survivors reach 90% on the digits.
+#   kill     under ULFM (--with-ft ulfm), a rank SIGKILLs itself: the survivors go on
+#            (tests/scripts/survive.py: PushSum at 16 MB with one rank per node and with torch at two
+#            per node, D-PSGD, AllreduceAverager at 16 MB killed mid-ring), and `train --on-failure
+#            continue` on 4 nodes loses rank 2 at step 100 and its 3 survivors reach 90% on the digits.
 # Exits non-zero if any case fails. Restores every link and ends stray ranks by PID.
 #
 #   bash tests/cluster/faults.sh [cut|deadline|outage|stop|kill ...]   (default: all five)
@@ -141,7 +141,8 @@ stop_case() {  # rank 1 stops itself after 5 PushSum steps (ring graph, 3 s dead
 
 kill_case() {  # a killed rank survived: survive.py's checks on every survivor, then a training run
   local what n map args out rc
-  for what in "4 node --victim 3 --mb 16" "8 slot --victim 5 --kind torch"; do
+  for what in "4 node --victim 3 --mb 16" "8 slot --victim 5 --kind torch" "4 node --victim 1 --algo dpsgd" \
+              "8 slot --victim 2 --algo allreduce --mb 16 --mid"; do
     read -r n map args <<<"$what"
     # shellcheck disable=SC2086
     timeout -k 5 120 $MPI --with-ft ulfm -n "$n" --map-by "$map" "$PY" "$PWD/tests/scripts/survive.py" $args >"$LOG" 2>&1
@@ -165,7 +166,7 @@ print(f"train: rank 2 lost at step {f['step']}, recovered in {f['seconds']:.2f} 
 PYEOF
     fail kill "the training run (exit $rc)"
   else
-    pass kill "survivors passed at 4 and 8 ranks; $(grep -a '^train: rank 2 lost' "$LOG")"
+    pass kill "survivors passed (PushSum, D-PSGD, AllReduce; 4 and 8 ranks); $(grep -a '^train: rank 2 lost' "$LOG")"
   fi
   rm -rf "$out"
 }

@@ -1,6 +1,7 @@
-"""PushSum(on_failure="continue") while no rank fails: the same mixing as the default path, bit
-for bit, on every buffer kind (its persistent requests and one-piece combine must not change
-the arithmetic), and its misuse refused alike on every rank. A rank that does fail: tests/test_faults.py
+"""PushSum, D-PSGD and AllreduceAverager with on_failure="continue" while no rank fails: the
+same results as the default paths, bit for bit, on every buffer kind (their persistent requests,
+one-piece combine and ring must not change the arithmetic: integer data, exact in any order),
+and their misuse refused alike on every rank. A rank that does fail: tests/test_faults.py
 (launched under ULFM) and the emulated cluster's faults."""
 
 import numpy as np
@@ -72,3 +73,81 @@ def test_tolerant_misuse_is_refused():
         ps.join()
     ps.step()
     ps.free()
+
+
+def _quiet(cls, *args, **kwargs):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "without ULFM": the launch of the MPI tests
+        return cls(*args, **kwargs)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_tolerant_dpsgd_and_mean_are_bitwise_the_default(kind, stage):
+    c = comm()
+    host = integer_data()
+    x, ref = make(kind, host), host.copy()
+    tolerant = _quiet(mg.DPSGD, x, comm=c, stage=stage, on_failure="continue")
+    plain = mg.DPSGD(ref, comm=c, chunk_bytes=800)
+    for _ in range(6):
+        tolerant.step()
+        plain.step()
+        np.testing.assert_array_equal(to_host(x), ref)
+    assert tolerant.failures == [] and tolerant.members == list(range(c.size))
+    tolerant.free()
+    plain.free()
+    for n in (integer_data(), integer_data(n=max(1, c.size - 1))):  # also fewer elements than ranks
+        y, yref = make(kind, n), n.copy()
+        tolerant = _quiet(mg.AllreduceAverager, y, comm=c, stage=stage, on_failure="continue")
+        plain = mg.AllreduceAverager(yref, comm=c)
+        for r in range(3):
+            fresh = n + r  # integers again: every order of the additions is exact
+            yref[...] = fresh
+            if hasattr(y, "copy_"):  # torch (CPU or CUDA)
+                y.copy_(make(kind, fresh))
+            else:                    # numpy, cupy
+                y[...] = make(kind, fresh)
+            tolerant.average()
+            plain.average()
+            np.testing.assert_array_equal(to_host(y), yref)
+            assert len({float(v) for v in c.allgather(float(to_host(y)[0]))}) == 1  # the same on every rank
+        assert tolerant.steps == 3 and tolerant.failures == []
+        tolerant.free()
+        plain.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_tolerant_mean_misuse_is_refused():
+    c = comm()
+    y = np.ones(16)
+    with pytest.raises(ValueError, match="averages in the buffer's own dtype, not wire='int8'"):
+        mg.AllreduceAverager(y, comm=c, on_failure="continue", wire="int8")
+    with pytest.raises(ValueError, match="on_failure must be one of"):
+        mg.DPSGD(y, comm=c, on_failure=True)
+    avg = _quiet(mg.AllreduceAverager, y, comm=c, on_failure="continue")
+    with pytest.raises(RuntimeError, match="survives failures in average\\(\\) only"):
+        avg.start()
+    with pytest.raises(RuntimeError, match="not with on_failure='continue'"):
+        avg.join()
+    avg.average()
+    avg.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_torch_wrappers_refuse_what_continue_does_not_cover():
+    torch = pytest.importorskip("torch")
+    import mpigossip.torch as mgt
+    c = comm()
+    two_groups = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2).double())
+    with pytest.raises(ValueError, match="needs the model's parameters in one group .* this model has 2"):
+        _quiet(mgt.SGP, two_groups, comm=c, on_failure="continue")
+    with pytest.raises(ValueError, match="cannot average floating-point buffers"):
+        mgt.AllReduce(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)), comm=c,
+                      on_failure="continue")
+    with pytest.raises(ValueError, match="needs the flat D-PSGD, not hierarchical"):
+        mgt.DPSGD(torch.nn.Linear(3, 2), comm=c, hierarchical=True, on_failure="continue")
+    algo = _quiet(mgt.AllReduce, torch.nn.Linear(3, 2), comm=c, on_failure="continue")
+    algo.step()
+    assert algo.failures == [] and len(algo.comms) == 1
+    algo.free()

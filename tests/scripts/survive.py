@@ -1,7 +1,8 @@
-"""A rank is killed (SIGKILL) mid-training; the survivors of PushSum(on_failure="continue") go on.
+"""A rank is killed (SIGKILL) mid-training; the survivors of PushSum (or D-PSGD, or
+AllreduceAverager) with on_failure="continue" go on.
 
     mpiexec --with-ft ulfm -n N python survive.py [--steps 40] [--die 6] [--victim N-1]
-        [--kind numpy|torch] [--mb 1] [--mid]
+        [--kind numpy|torch] [--mb 1] [--mid] [--algo pushsum|dpsgd|allreduce]
 
 Every rank mixes a buffer of small integers (its rank plus a pattern) with a 10 ms "compute"
 per step (--mid: the victim dies 2 ms into its exchange of step --die, with messages in flight,
@@ -10,7 +11,8 @@ instead of before it). Each survivor checks, and prints one JSON line ``survive:
 - the failure is recorded alike on every survivor: the victim's rank, the size after, the
   weight lost, a recovery time;
 - Σx and Σw over the survivors are conserved from a few steps after the failure to the end
-  (nothing else lost), and Σw plus the weight lost is the initial world size;
+  (nothing else lost), and Σw plus the weight lost is the initial world size (PushSum; D-PSGD
+  has no weight: w = 1);
 - z = x / w has converged over the survivors, inside the range of the initial values.
 Ends with ``mpigossip.failures.exit`` (no MPI_Finalize).
 """
@@ -35,6 +37,7 @@ p.add_argument("--victim", type=int, default=-1)
 p.add_argument("--kind", choices=("numpy", "torch"), default="numpy")
 p.add_argument("--mb", type=float, default=1.0)
 p.add_argument("--mid", action="store_true")
+p.add_argument("--algo", choices=("pushsum", "dpsgd", "allreduce"), default="pushsum")
 a = p.parse_args()
 
 world = MPI.COMM_WORLD
@@ -48,7 +51,12 @@ if a.kind == "torch":
     x = torch.from_numpy(x)
 host = x.numpy() if a.kind == "torch" else x
 
-ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60)
+if a.algo == "pushsum":
+    ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60)
+else:
+    cls = mg.DPSGD if a.algo == "dpsgd" else mg.AllreduceAverager
+    ps = cls(x, comm=world, on_failure="continue", timeout=60)
+    ps.weight = 1.0  # (no weight: the checks below read it as 1)
 mark = None
 for i in range(a.steps):
     if rank == victim and i == a.die:
@@ -75,7 +83,7 @@ checks = {  # bool() each: numpy booleans do not serialise
     "recovered within 15 s": bool(f) and f["seconds"] < 15,
     "mass conserved after": mark is not None and np.isclose(mark[0], sum_x, rtol=1e-12)
                             and np.isclose(mark[1], sum_w, rtol=1e-12),
-    "weight accounted": bool(f) and abs(sum_w + f["weight_lost"] - size) < 1e-9,
+    "weight accounted": bool(f) and (a.algo != "pushsum" or abs(sum_w + f["weight_lost"] - size) < 1e-9),
     "converged": float(np.max(zmax - zmin)) < 1e-6,
     "inside": float(zmin.min()) >= 0 and float(zmax.max()) <= 6 + size - 1,
 }
