@@ -61,8 +61,10 @@ class PersistentExchange:
         alone unless ``weighted``); raises :class:`~mpigossip.failures.PeerFailure` (``(x, w)``
         unchanged) if a peer failed."""
         owner = self.owner
-        recvs = [self._recv(src, j) for j, src in enumerate(ins)]
-        sends = [self._send(dst) for dst in outs]
+        op = f"{owner._name}.{op}"
+        with failures.raised_as_failure(op):  # a revoked communicator fails these at once
+            recvs = [self._recv(src, j) for j, src in enumerate(ins)]
+            sends = [self._send(dst) for dst in outs]
         owner.buffer.synchronize()   # x written, no device work still reads the slots
         for slot in self._slots[:len(ins)]:
             _ = slot.memory          # a staged slot's copy to the device has finished (Transport.memory waits)
@@ -72,8 +74,9 @@ class PersistentExchange:
             self._wsend[0] = owner.weight
         requests = [r for x, w, _ in recvs for r in (x, w)[:kinds]] + [r for pair in sends for r in pair[:kinds]]
         peers = [src for src in ins for _ in range(kinds)] + [dst for dst in outs for _ in range(kinds)]
-        MPI.Prequest.Startall(requests)
-        failures.wait(requests, comm=owner.comm, timeout=owner.timeout, op=f"{owner._name}.{op}",
+        with failures.raised_as_failure(op):
+            MPI.Prequest.Startall(requests)
+        failures.wait(requests, comm=owner.comm, timeout=owner.timeout, op=op,
                       peer=lambda pending: sorted({peers[i] for i in pending}))
         parts = []
         for slot in self._slots[:len(ins)]:

@@ -67,17 +67,19 @@ class PersistentRing:
             return
         t = self._t
         t.before_send()
+        op = f"{owner._name}.average (step {k}, ring)"
         if self._rounds is None:
-            self._build()
+            with failures.raised_as_failure(op):  # a revoked communicator fails these at once
+                self._build()
         memory = t.memory
         if self._backup is None:
             self._backup = self._memory_like(memory.size)
         self._backup[...] = memory
         on_device = not (t.staged or not owner.buffer.on_device)
-        op = f"{owner._name}.average (step {k}, ring)"
         try:
             for recv, send, (lo, hi), add in self._rounds:
-                MPI.Prequest.Startall([recv, send])
+                with failures.raised_as_failure(op):
+                    MPI.Prequest.Startall([recv, send])
                 failures.wait([recv, send], comm=owner.comm, timeout=owner.timeout, op=op,
                               peer=lambda pending: sorted({(owner.rank - 1) % n, (owner.rank + 1) % n}))
                 if add:

@@ -17,6 +17,7 @@ did. A process that has seen a failure must end without ``MPI_Finalize`` (the su
 in it over TCP): :func:`exit` does that.
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -89,6 +90,18 @@ def wait(requests, *, comm, timeout, op, peer=None):
             raise
 
     deadline.wait_until(done, comm=comm, timeout=timeout, op=op, peer=peer)
+
+
+@contextlib.contextmanager
+def raised_as_failure(op):
+    """MPI calls inside (making or starting requests) that fail because a peer failed or the
+    communicator was revoked raise :class:`PeerFailure` instead of ``MPI.Exception``."""
+    try:
+        yield
+    except MPI.Exception as exc:
+        if exc.Get_error_class() in FAILED:
+            raise PeerFailure(op, exc.Get_error_class()) from None
+        raise
 
 
 def keep(*objects):

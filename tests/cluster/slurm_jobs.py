@@ -6,7 +6,8 @@ the cluster (tests/slurm/start.sh --cluster: slurmctld in the head namespace, on
 node) and stops it. Checked: ranks on 4 hosts with the GPU binding and OMP_NUM_THREADS each
 launcher gives per node; compare and bench across nodes; preemption and requeue; a node lost
 mid-job (its switch port down) ending NODE_FAIL, requeued, and resumed from the checkpoint once
-the node is back, with the same result as an uninterrupted run.
+the node is back, with the same result as an uninterrupted run; a rank killed under
+ON_FAILURE=continue, survived by the others.
 """
 
 import json
@@ -177,3 +178,18 @@ def test_node_lost_mid_job_ends_node_fail_and_resumes_when_back(slurm, uninterru
     assert summary(out)["steps"] == 2000
     same_result(summary(out), uninterrupted)
     assert {r["host"] for r in ranks(out)} == set(NODES)
+
+
+def test_a_killed_rank_is_survived_under_slurm(slurm):
+    """`ON_FAILURE=continue`: train.sbatch starts the ranks with mpirun --with-ft ulfm inside the
+    allocation; rank 2 (on node3) kills itself at step 100 and the 3 survivors finish the run."""
+    env, tmp = slurm
+    out, log = tmp / "survive", tmp / "survive.log"
+    proc = sbatch(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log),
+                  extra={"STEPS": "300", "OUT": str(out), "ON_FAILURE": "continue", "EXTRA": "--kill 2:100"})
+    text = run_ok(proc, log)
+    assert "--with-ft ulfm" in text and "sgp: rank 2 failed at step" in text, text
+    s = summary(out)
+    [f] = s["failures"]
+    assert s["initial_world_size"] == 4 and s["world_size"] == 3 and f["ranks"] == [2], s
+    assert s["final_accuracy"] >= 0.9 and f["seconds"] < 15, s

@@ -38,6 +38,7 @@ p.add_argument("--kind", choices=("numpy", "torch"), default="numpy")
 p.add_argument("--mb", type=float, default=1.0)
 p.add_argument("--mid", action="store_true")
 p.add_argument("--algo", choices=("pushsum", "dpsgd", "allreduce"), default="pushsum")
+p.add_argument("--compute-ms", type=float, default=10.0, help="sleep per step (0: steps back to back)")
 a = p.parse_args()
 
 world = MPI.COMM_WORLD
@@ -62,8 +63,8 @@ for i in range(a.steps):
     if rank == victim and i == a.die:
         if not a.mid:
             os.kill(os.getpid(), signal.SIGKILL)
-        threading.Timer(0.012, os.kill, (os.getpid(), signal.SIGKILL)).start()  # in the step below
-    time.sleep(0.01)
+        threading.Timer(a.compute_ms / 1e3 + 0.002, os.kill, (os.getpid(), signal.SIGKILL)).start()  # in the step
+    time.sleep(a.compute_ms / 1e3)
     ps.step()
     if i == a.die + 3:  # every survivor has recovered and caught up
         mark = (ps.comm.allreduce(float(host.sum())), ps.comm.allreduce(ps.weight))

@@ -88,7 +88,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+# Pending jobs (a requeued one whose node came back) are looked at every 5 s, not every 30-60 s.
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=5,bf_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 GresTypes=gpu
