@@ -2,9 +2,9 @@
 ``on_failure="continue"``, and the recovery those communicators share.
 
 :class:`PersistentExchange` is the same round as :mod:`mpigossip._pipeline` (``x`` sent
-zero-copy, each in-peer's ``x`` received and combined in one fused pass), with two differences the failure path needs
-(:mod:`mpigossip.failures`): every message is a persistent request, made once per peer and
-receive slot and started each step (with Open MPI's ob1, a non-persistent request to a dead
+zero-copy, each in-peer's ``x`` received and combined in one fused pass), with two
+differences the failure path needs (:mod:`mpigossip.failures`): every message is a
+persistent request, made once per peer and receive slot and started each step (with Open MPI's ob1, a non-persistent request to a dead
 peer may end the job), and ``x`` is combined only once every message of the step has arrived,
 so a step that meets a failure leaves ``(x, w)`` as they were: ``z = x / w`` stays a weighted
 average of what the ranks held. The buffer goes in one piece (no chunks: a chunk combined

@@ -15,8 +15,9 @@ collective in the step itself. What a communicator does with them is its own con
 * AllReduce: a rank that has left shadows the collectives (it adds zeros) until every rank has
   left, as DDP's join does; the mean is over the ranks still training.
 
-A failed rank (ULFM) would reach the survivors through the same regrouping; leaving is the
-agreed, lossless case of it.
+A rank that fails instead (ULFM, ``on_failure="continue"``) goes through
+:mod:`mpigossip.failures`: the communicator is shrunk, not split, and the failed rank's mass
+is lost, not handed off; ``members`` serves both.
 """
 
 import numpy as np

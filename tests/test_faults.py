@@ -128,10 +128,10 @@ def survivors(out):
 
 @pytest.mark.parametrize("n, args", [
     (4, ["--victim", "3"]),                                  # shared memory, 1 MB
-    (5, ["--victim", "2", "--kind", "torch", "--mb", "16", "--mid"]),  # dies mid-exchange (16 MB), torch
+    (5, ["--victim", "2", "--kind", "torch", "--mb", "4", "--mid"]),  # dies mid-exchange (rendezvous), torch
     (3, ["--victim", "0", "--die", "0"]),                    # rank 0, before its first step
     (4, ["--victim", "1", "--algo", "dpsgd"]),
-    (4, ["--victim", "2", "--algo", "allreduce", "--mb", "16", "--mid"]),
+    (4, ["--victim", "2", "--algo", "allreduce", "--mb", "4", "--mid"]),
 ])
 def test_survivors_of_a_killed_rank_go_on(n, args):
     """PushSum, D-PSGD and AllreduceAverager with on_failure="continue" under ULFM: a rank
