@@ -24,3 +24,12 @@ def consensus_distance(c, x):
 
 def same_on_all_ranks(c, value):
     return all(v == value for v in c.allgather(value))
+
+
+def one_node(c):
+    """Whether every rank of ``c`` shares one node (the same answer on every rank)."""
+    shared = c.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return bool(c.allreduce(shared.Get_size() == c.size, op=MPI.LAND))
+    finally:
+        shared.Free()
