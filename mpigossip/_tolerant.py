@@ -4,15 +4,17 @@
 :class:`PersistentExchange` is the same round as :mod:`mpigossip._pipeline` (``x`` sent
 zero-copy, each in-peer's ``x`` received and combined in one fused pass), with two
 differences the failure path needs (:mod:`mpigossip.failures`): every message is a
-persistent request, made once per peer and receive slot and started each step (with Open MPI's ob1, a non-persistent request to a dead
-peer may end the job), and ``x`` is combined only once every message of the step has arrived,
-so a step that meets a failure leaves ``(x, w)`` as they were: ``z = x / w`` stays a weighted
-average of what the ranks held. The buffer goes in one piece (no chunks: a chunk combined
+persistent request, made once per peer and receive slot and started each step (with Open
+MPI's ob1, a non-persistent request to a dead peer may end the job), and ``x`` is combined
+only once every message of the step has arrived, so a step that meets a failure leaves
+``(x, w)`` as they were: ``z = x / w`` stays a weighted average of what the ranks held. The buffer goes in one piece (no chunks: a chunk combined
 before the failure would leave parts of ``x`` mixed with other weights than the rest).
 
 Messages keep one tag per kind: a step completes all of its messages before the next starts,
 and MPI matches messages between two ranks in the order they were sent.
 """
+
+import warnings
 
 import numpy as np
 from mpi4py import MPI
@@ -115,6 +117,17 @@ class Survives:
 
     _exchange = None  # a PersistentExchange when on_failure="continue"
     _skip = 0         # calls left that only count (after a failure: a survivor that was behind)
+
+    def _tolerate(self, on_failure, make_exchange):
+        """Keep ``on_failure`` (checked by the caller); with ``"continue"``, the exchange
+        ``make_exchange()`` and, on rank 0 of a launch without ULFM, one warning."""
+        self.on_failure = on_failure
+        if on_failure != "continue":
+            return
+        self._exchange = make_exchange()
+        if not failures.enabled() and self.rank == 0:
+            warnings.warn(f"{self._name}(on_failure='continue') without ULFM: a failed rank still ends the job "
+                          "(launch with mpiexec --with-ft ulfm)", RuntimeWarning, stacklevel=3)
 
     def _tolerant_step(self, run):
         """``run(k)`` for step k (raises PeerFailure, leaving the buffer as it was), unless this

@@ -74,20 +74,13 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         error = check_chunk_bytes(chunk_bytes, auto=True) or integer_error(segment_bytes, "segment_bytes", 1)
         if algorithm not in ALGORITHMS:
             error = error or f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
-        error = error or failures.check_on_failure(on_failure)
-        if error is None and on_failure == "continue" and wire is not None:
-            error = f"on_failure='continue' averages in the buffer's own dtype, not wire={wire!r}"
+        error = error or failures.check_on_failure(on_failure, wire)
         self._validate(error)
         self.buffer = self._check_buffer(buf, name="buf", wire=wire, same={
             "chunk_bytes": chunk_bytes, "algorithm": algorithm, "segment_bytes": segment_bytes,
             "on_failure": on_failure})
-        self.on_failure = on_failure
         self.members, self.failures = list(range(self.size)), []
-        if on_failure == "continue":
-            self._exchange = PersistentRing(self, stage=stage, cuda_aware=cuda_aware)
-            if not failures.enabled() and self.rank == 0:
-                warnings.warn("AllreduceAverager(on_failure='continue') without ULFM: a failed rank still ends the "
-                              "job (launch with mpiexec --with-ft ulfm)", RuntimeWarning, stacklevel=2)
+        self._tolerate(on_failure, lambda: PersistentRing(self, stage=stage, cuda_aware=cuda_aware))
         self.wire = wire
         self._own_layout = layout is None
         self.layout = Layout(self.comm, timeout=self.timeout) if layout is None else layout

@@ -11,8 +11,6 @@ symmetric ``W`` (Metropolis-Hastings or lazy weights); a directed regular graph
 (``ExponentialGraph``) is doubly stochastic too and is accepted.
 """
 
-import warnings
-
 from . import buffers, failures, kernels
 from . import topology as topo_mod
 from ._base import Communicator, check_chunk_bytes, step_tag
@@ -47,9 +45,7 @@ class DPSGD(Survives, Communicator):
     def __init__(self, x, *, comm, topology=None, timeout=None, cuda_aware=None, stage=None,
                  chunk_bytes=4 << 20, slots=2, wire=None, on_failure="abort"):
         super().__init__(comm, timeout)
-        error = check_chunk_bytes(chunk_bytes) or failures.check_on_failure(on_failure)
-        if error is None and on_failure == "continue" and wire is not None:
-            error = f"on_failure='continue' sends the buffer's own dtype, not wire={wire!r}"
+        error = check_chunk_bytes(chunk_bytes) or failures.check_on_failure(on_failure, wire)
         try:
             self._graph = (topology, slots)
             self.topology = self._bind_topology()
@@ -60,17 +56,12 @@ class DPSGD(Survives, Communicator):
                                                            "on_failure": on_failure}, wire=wire)
         self.wire = wire
         self.steps = 0
-        self.on_failure = on_failure
         self.members, self.failures = list(range(self.size)), []
         self._stage, self._cuda_aware = stage, cuda_aware
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
                                   cuda_aware=cuda_aware, wire=wire)
-        if on_failure == "continue":
-            self._exchange = PersistentExchange(self, weighted=False)
-            if not failures.enabled() and self.rank == 0:
-                warnings.warn("DPSGD(on_failure='continue') without ULFM: a failed rank still ends the job "
-                              "(launch with mpiexec --with-ft ulfm)", RuntimeWarning, stacklevel=2)
+        self._tolerate(on_failure, lambda: PersistentExchange(self, weighted=False))
 
     def _bind_topology(self):
         topology, slots = self._graph

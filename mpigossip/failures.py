@@ -52,10 +52,13 @@ def enabled(environ=None):
     return value.strip().lower() in ("1", "true", "yes", "on", "enabled")
 
 
-def check_on_failure(value):
-    """The problem with an ``on_failure=`` argument, or None."""
+def check_on_failure(value, wire=None):
+    """The problem with an ``on_failure=`` argument (and the ``wire=`` beside it: the tolerant
+    paths move the buffer's own dtype), or None."""
     if value not in CHOICES:
         return f"on_failure must be one of {', '.join(map(repr, CHOICES))}, got {value!r}"
+    if value == "continue" and wire is not None:
+        return f"on_failure='continue' moves the buffer's own dtype, not wire={wire!r}"
     return None
 
 

@@ -24,8 +24,6 @@ from mpi4py import MPI
 
 import numpy as np
 
-import warnings
-
 from . import buffers, deadline, failures, kernels
 from ._base import check_chunk_bytes, step_tag, tag_period
 from ._checks import check_integer
@@ -106,23 +104,16 @@ class PushSum(PushSumBase):
             check_integer(max_delay, "max_delay", 0, allow_none=True)  # None: AsyncPushSum (__new__)
             if max_delay >= tag_period(2) - 1:
                 raise ValueError(f"max_delay must be below {tag_period(2) - 1} (this MPI's tag bound), got {max_delay}")
-            error = failures.check_on_failure(on_failure)
-            if error is None and on_failure == "continue" and wire is not None:
-                error = f"on_failure='continue' sends the buffer's own dtype, not wire={wire!r}"
-            return error or check_chunk_bytes(chunk_bytes)
+            return failures.check_on_failure(on_failure, wire) or check_chunk_bytes(chunk_bytes)
 
         super().__init__(x, comm=comm, topology=topology, weight=weight, timeout=timeout, cuda_aware=cuda_aware,
                          stage=stage, slots=slots, z=z, wire=wire, check=check,
                          same={"chunk_bytes": chunk_bytes, "slots": slots, "on_failure": on_failure})
         self.max_delay = max_delay
-        self.on_failure = on_failure
-        if on_failure == "continue":
-            self._exchange = PersistentExchange(self)
+        self._tolerate(on_failure, lambda: PersistentExchange(self))
+        if self._exchange is not None:  # Σw now, against which a failure's loss is reported
             self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
                                                     op=f"{self._name} (total weight)")
-            if not failures.enabled() and self.rank == 0:
-                warnings.warn("PushSum(on_failure='continue') without ULFM: a failed rank still ends the job "
-                              "(launch with mpiexec --with-ft ulfm)", RuntimeWarning, stacklevel=2)
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
                                   cuda_aware=cuda_aware, wire=wire)

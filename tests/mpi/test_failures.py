@@ -58,7 +58,7 @@ def test_tolerant_misuse_is_refused():
     x = np.ones(16)
     with pytest.raises(ValueError, match="on_failure must be one of 'abort', 'continue', got 'ignore'"):
         mg.PushSum(x, comm=c, on_failure="ignore")
-    with pytest.raises(ValueError, match="on_failure='continue' sends the buffer's own dtype, not wire='bf16'"):
+    with pytest.raises(ValueError, match="on_failure='continue' moves the buffer's own dtype, not wire='bf16'"):
         mg.PushSum(x, comm=c, on_failure="continue", wire="bf16")
     if c.size > 1:
         with pytest.raises(ValueError, match="on_failure"):  # must be the same on every rank
@@ -121,7 +121,7 @@ def test_tolerant_dpsgd_and_mean_are_bitwise_the_default(kind, stage):
 def test_tolerant_mean_misuse_is_refused():
     c = comm()
     y = np.ones(16)
-    with pytest.raises(ValueError, match="averages in the buffer's own dtype, not wire='int8'"):
+    with pytest.raises(ValueError, match="on_failure='continue' moves the buffer's own dtype, not wire='int8'"):
         mg.AllreduceAverager(y, comm=c, on_failure="continue", wire="int8")
     with pytest.raises(ValueError, match="on_failure must be one of"):
         mg.DPSGD(y, comm=c, on_failure=True)
