@@ -15,11 +15,21 @@ Needs a launch with ULFM on (``mpiexec --with-ft ulfm``, or ``python -m mpigossi
 --fault-tolerant``); without it the runtime ends the job at the first failure, as it always
 did. A process that has seen a failure must end without ``MPI_Finalize`` (the survivors hang
 in it over TCP): :func:`exit` does that.
+
+``MPI_Comm_shrink`` is the one blocking call here (Open MPI's ``MPI_Comm_ishrink`` fails on a
+revoked communicator): a timer thread, alive only during the call and making no MPI call,
+ends the process with a message and every thread's stack if it has not returned by the
+deadline, so that a recovery cannot hang forever. Open MPI's ``han`` collectives are not
+fault tolerant (an upstream deadlock of the agreement across nodes): a fault-tolerant launch
+turns them off (:data:`mpigossip.launcher.FAULT_TOLERANT_DEFAULTS`; by hand: ``mpiexec --with-ft
+ulfm --mca coll ^han``).
 """
 
 import contextlib
+import faulthandler
 import os
 import sys
+import threading
 import time
 
 from mpi4py import MPI
@@ -144,7 +154,8 @@ def shrink(comm, step, *, timeout, op):
             comm.Revoke()
         except MPI.Exception:  # already revoked by another survivor
             pass
-        new = comm.Shrink()
+        with _deadline(timeout, f"{op}: MPI_Comm_shrink did not return within {timeout:g} s"):
+            new = comm.Shrink()
         new.Set_errhandler(MPI.ERRORS_RETURN)
         kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), comm.Get_group())
         lost += [original[r] for r in sorted(set(range(comm.Get_size())) - set(kept))]
@@ -159,6 +170,26 @@ def shrink(comm, step, *, timeout, op):
             comm = new
             continue
         return Recovery(new, sorted(lost), int(agreed), time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def _deadline(seconds, message):
+    """End this process (exit 1) with ``message`` and every thread's stack unless the block
+    has finished within ``seconds``: for a blocking MPI call that has no deadline of its own."""
+    rank = MPI.COMM_WORLD.Get_rank()  # (the timer's thread makes no MPI call)
+
+    def expire():
+        sys.stderr.write(f"mpigossip: rank {rank}: {message}; ending this process\n")
+        faulthandler.dump_traceback(all_threads=True)
+        exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def exit(code=0):

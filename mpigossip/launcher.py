@@ -6,6 +6,8 @@ already set, what Open MPI 5 needs there:
 * ``OMPI_ALLOW_RUN_AS_ROOT=1``, ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`` when run as root;
 * ``PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe`` (more ranks than cores);
 * ``OMPI_MCA_osc=^ucx`` (silences a harmless UCX window-creation error line);
+* with ``--with-ft``: ``OMPI_MCA_coll=^han`` (Open MPI's ``han`` collectives are not fault
+  tolerant: :mod:`mpigossip.failures`);
 
 puts this Python's ``bin`` first on ``PATH`` (so ``python`` in the command is this one)
 and ``exec``s ``mpiexec`` with the given arguments. On a cluster use the site's
@@ -21,12 +23,16 @@ LOCAL_DEFAULTS = {
     "OMPI_MCA_osc": "^ucx",
 }
 ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+#: What a fault-tolerant launch (``--with-ft ulfm``) sets unless already set.
+FAULT_TOLERANT_DEFAULTS = {"OMPI_MCA_coll": "^han"}
 
 
-def local_env(environ=None):
-    """The environment for a local run: ``environ`` plus the defaults it lacks."""
+def local_env(environ=None, argv=()):
+    """The environment for a local run of ``mpiexec argv``: ``environ`` plus the defaults it lacks."""
     env = dict(os.environ if environ is None else environ)
     defaults = dict(LOCAL_DEFAULTS)
+    if any(a == "--with-ft" or a.startswith("--with-ft=") for a in argv):
+        defaults.update(FAULT_TOLERANT_DEFAULTS)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         defaults.update(ROOT_DEFAULTS)
     for key, value in defaults.items():
@@ -56,7 +62,7 @@ def find_mpiexec():
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     mpiexec = find_mpiexec()
-    os.execve(mpiexec, [mpiexec] + list(argv), local_env())
+    os.execve(mpiexec, [mpiexec] + list(argv), local_env(argv=argv))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 from . import progress
-from .launcher import ROOT_DEFAULTS, find_beside_python
+from .launcher import FAULT_TOLERANT_DEFAULTS, ROOT_DEFAULTS, find_beside_python
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -61,8 +61,8 @@ def command(launcher, program, environ=None, *, progress_thread="auto", fault_to
     ``"on"`` or ``"off"`` sets Open MPI's TCP progress thread (one-sided methods across nodes,
     :mod:`mpigossip.progress`) unless the environment already chose; ``"auto"`` leaves it to
     ``train``/``compare`` on each node. ``fault_tolerant``: Open MPI's ULFM on (``mpirun
-    --with-ft ulfm``), for ``--on-failure continue``; Open MPI does not support it under a
-    direct ``srun`` launch."""
+    --with-ft ulfm``, without the ``han`` collectives: :data:`~mpigossip.launcher.FAULT_TOLERANT_DEFAULTS`), for
+    ``--on-failure continue``; Open MPI does not support it under a direct ``srun`` launch."""
     environ = dict(os.environ if environ is None else environ)
     if not program:
         raise LaunchError("no command to launch: python -m mpigossip launch [...] -- COMMAND ...")
@@ -96,6 +96,8 @@ def command(launcher, program, environ=None, *, progress_thread="auto", fault_to
     argv = [find_mpirun(environ), "--bind-to", "none", "-n", environ["SLURM_NTASKS"]]
     if fault_tolerant:
         argv += ["--with-ft", "ulfm"]
+        for key, value in FAULT_TOLERANT_DEFAULTS.items():
+            environ.setdefault(key, value)
     return argv + list(program), environ
 
 

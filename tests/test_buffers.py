@@ -81,6 +81,9 @@ def test_launcher_sets_local_defaults_without_overriding():
     assert env["PATH"].split(os.pathsep)[1] == "/usr/bin"
     if os.geteuid() == 0:
         assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    assert "OMPI_MCA_coll" not in env
+    assert launcher.local_env({}, argv=["--with-ft", "ulfm", "-n", "4", "p"])["OMPI_MCA_coll"] == "^han"
+    assert launcher.local_env({"OMPI_MCA_coll": "^hcoll"}, argv=["--with-ft=ulfm"])["OMPI_MCA_coll"] == "^hcoll"
 
 
 @pytest.mark.parametrize("env, count, itemsize, expected", [

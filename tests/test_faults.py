@@ -161,3 +161,33 @@ def test_training_survives_a_killed_rank(tmp_path):
     assert f["ranks"] == [3] and f["size"] == 3 and 100 <= f["step"] <= 102 and f["seconds"] < 15, f
     assert 0 < f["weight_lost"] <= 2, f
     assert s["final_accuracy"] >= 0.9, s
+
+
+SHRINK_HANGS = """
+import time
+from mpigossip import failures
+
+class Comm:  # a revoked communicator whose MPI_Comm_shrink never returns
+    def Get_size(self):
+        return 4
+    def Revoke(self):
+        pass
+    def Shrink(self):
+        time.sleep(60)
+
+failures.shrink(Comm(), 7, timeout=0.5, op="sgp (failure at step 7)")
+print("returned")
+"""
+
+
+def test_a_shrink_that_hangs_ends_the_process_naming_it():
+    """MPI_Comm_shrink has no deadline of its own (Open MPI's Ishrink fails on a revoked
+    communicator): past the timeout the process ends (exit 1) with a message naming the
+    operation and every thread's stack, instead of hanging forever."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", SHRINK_HANGS], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "returned" not in proc.stdout, proc.stdout + proc.stderr
+    assert ("mpigossip: rank 0: sgp (failure at step 7): MPI_Comm_shrink did not return within 0.5 s; "
+            "ending this process") in proc.stderr, proc.stderr
+    assert "in Shrink" in proc.stderr, proc.stderr   # the stack of the thread that waited
+    assert time.monotonic() - start < 30

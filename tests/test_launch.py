@@ -47,8 +47,13 @@ def test_mpirun_command_gives_each_node_daemon_all_its_gpus(tmp_path):
 
 
 def test_fault_tolerant_launch_is_mpirun_with_ulfm():
-    argv, _ = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"}, fault_tolerant=True)
+    argv, env = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"}, fault_tolerant=True)
     assert argv == ["mpirun", "--bind-to", "none", "-n", "4", "--with-ft", "ulfm", "p"]
+    assert env["OMPI_MCA_coll"] == "^han"  # han's collectives are not fault tolerant
+    _, env = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun", "OMPI_MCA_coll": "^hcoll"},
+                           fault_tolerant=True)
+    assert env["OMPI_MCA_coll"] == "^hcoll"  # the user's choice stands
+    assert "OMPI_MCA_coll" not in slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"})[1]
     with pytest.raises(slurm.LaunchError, match="not supported under a direct srun launch: use --launcher mpirun"):
         slurm.command("srun", ["p"], {"SLURM_NTASKS": "4"}, fault_tolerant=True)
 

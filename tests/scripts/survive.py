@@ -2,7 +2,7 @@
 AllreduceAverager) with on_failure="continue" go on.
 
     mpiexec --with-ft ulfm -n N python survive.py [--steps 40] [--die 6] [--victim N-1]
-        [--kind numpy|torch] [--mb 1] [--mid] [--algo pushsum|dpsgd|allreduce]
+        [--kind numpy|torch] [--mb 1] [--mid] [--algo pushsum|dpsgd|allreduce] [--dump-after 90]
 
 Every rank mixes a buffer of small integers (its rank plus a pattern) with a 10 ms "compute"
 per step (--mid: the victim dies 2 ms into its exchange of step --die, with messages in flight,
@@ -18,6 +18,7 @@ Ends with ``mpigossip.failures.exit`` (no MPI_Finalize).
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -39,7 +40,10 @@ p.add_argument("--mb", type=float, default=1.0)
 p.add_argument("--mid", action="store_true")
 p.add_argument("--algo", choices=("pushsum", "dpsgd", "allreduce"), default="pushsum")
 p.add_argument("--compute-ms", type=float, default=10.0, help="sleep per step (0: steps back to back)")
+p.add_argument("--dump-after", type=float, default=90.0,
+               help="seconds after which every rank still running prints its threads' stacks (a hang's where)")
 a = p.parse_args()
+faulthandler.dump_traceback_later(a.dump_after, exit=False)
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
