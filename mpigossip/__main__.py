@@ -1,7 +1,7 @@
-"""Command line: ``python -m mpigossip {info,train,compare,table,plot,reproduce,launch} [...]``.
+"""Command line: ``python -m mpigossip {info,train,compare,table,plot,reproduce,timemodel,launch} [...]``.
 
 Flags are parsed and checked before torch is imported or MPI initialised, so a bad flag is
-answered in about a second, by rank 0 only. ``table``, ``plot`` and ``launch`` never start MPI. An
+answered in about a second, by rank 0 only. ``table``, ``plot``, ``timemodel`` and ``launch`` never start MPI. An
 exception that escapes on any rank ends the whole job (``MPI_Abort``) with that rank's
 traceback, instead of leaving the other ranks waiting.
 """
@@ -78,6 +78,10 @@ def build_parser():
     rep.add_argument("--timeout", type=float, default=1800, help="seconds one MPI job may take (default: 1800)")
     rep.add_argument("--resume", action="store_true",
                      help="reuse the jobs already finished in --out (an interrupted reproduction continues)")
+    commands["timemodel"] = tm = sub.add_parser(
+        "timemodel", help="the time model (mpigossip.sim): validate it against P4, predict at scale")
+    from .sim import cli as sim_cli
+    sim_cli.add_arguments(tm)
     commands["launch"] = launch = sub.add_parser(
         "launch", help="start a batch job's ranks inside its Slurm allocation (the jobs/ scripts use it)")
     launch.add_argument("--launcher", default="srun", choices=["srun", "mpirun"],
@@ -165,6 +169,9 @@ def _run(args):
     if args.command == "plot":
         from .train import plot
         return plot.main(args)
+    if args.command == "timemodel":
+        from .sim import cli as sim_cli
+        return sim_cli.main(args)
     if args.command == "launch":
         from . import slurm
         return slurm.main(args)

@@ -5,10 +5,14 @@ topologies and kernels, beside the communicators (which do not know it exists).
   real ranks compute; consensus error curves to p = 1024.
 * :mod:`.sgd`: SGD on a convex problem with each averaging scheme (AllReduce, SGP, gossip
   push/pull, EASGD with a center), to see how error and accuracy scale with p.
+* :mod:`.timing` (on :mod:`.events` and :mod:`.cluster`): the time model, each method's steps
+  as events on a cluster of links and cores with measured costs; :mod:`.validation` against
+  the P4 benchmark, :mod:`.scaling` predictions at scale.
 """
 
 from .mixing import GossipPushSim, PushSumSim, consensus_curve, consensus_error
 from .sgd import SCHEMES, SoftmaxRegression, elastic_round, pull_round, run_sgd
+from .timing import Costs, Workload, simulate
 
 __all__ = ["PushSumSim", "GossipPushSim", "consensus_error", "consensus_curve", "SoftmaxRegression", "run_sgd",
-           "SCHEMES", "elastic_round", "pull_round"]
+           "SCHEMES", "elastic_round", "pull_round", "Costs", "Workload", "simulate"]

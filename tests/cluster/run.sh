@@ -74,9 +74,20 @@ print("cluster: accuracy: " + ", ".join(f"{a} {acc:.3f}" for a, acc in sorted(fo
 PY
 export STEP_RETRY_ON_3=0
 
+# The time model's calibration runs end to end (small and short: the numbers are not used) and
+# the model reads what it wrote (python -m mpigossip timemodel validate against the P4 results).
+step "cluster: time model calibration, 8 ranks on 4 nodes" 120 $MPI -n 8 --map-by slot "$PY" \
+  benchmarks/calibrate_time.py --mb 2 --repeats 2 --out "$OUT/calibration.json"
+step "cluster: time model reads its calibration" 60 "$PY" -m mpigossip timemodel --costs "$OUT/calibration.json" \
+  validate benchmarks/results/p4-1gbit-rings-4ranks.json
+
 for case in cut deadline outage stop kill; do
   step "cluster: faults: $case" 300 bash tests/cluster/faults.sh "$case"
 done
-step "cluster: Slurm jobs on 4 nodes" 600 "$PY" -m pytest -q --color=no -p no:cacheprovider \
-  tests/cluster/slurm_jobs.py
+# Two steps, each starting the Slurm cluster afresh (~15 s): the jobs that run as submitted, then the
+# ones a failure interrupts (preemption, a lost node, a killed rank), whose timing varies most.
+step "cluster: Slurm jobs on 4 nodes: placement, compare, bench" 400 "$PY" -m pytest -q --color=no \
+  -p no:cacheprovider tests/cluster/slurm_jobs.py -k "train_on_four or compare_on_four or bench_on_four"
+step "cluster: Slurm jobs on 4 nodes: preempted, node lost, rank killed" 500 "$PY" -m pytest -q --color=no \
+  -p no:cacheprovider tests/cluster/slurm_jobs.py -k "not (train_on_four or compare_on_four or bench_on_four)"
 finish

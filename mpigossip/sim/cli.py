@@ -1,0 +1,69 @@
+"""``python -m mpigossip timemodel {validate,predict}``: the time model from its calibration
+(no MPI).
+
+* ``validate P4.json ...``: the P4 rows predicted beside their measurements
+  (:mod:`.validation`), nothing refitted;
+* ``predict``: steps per second per rank of each method as ranks and link rate grow
+  (:mod:`.scaling`).
+
+Both print markdown and, with ``--out DIR``, write ``DIR/timemodel-{validate,predict}.{md,json}``
+recording the commit, the versions and the calibration used.
+"""
+
+import json
+import os
+import sys
+
+from .. import provenance
+from . import scaling
+from .timing import Costs
+
+
+def add_arguments(parser):
+    parser.add_argument("--costs", required=True, help="the calibration (benchmarks/calibrate_time.py --out FILE)")
+    parser.add_argument("--out", help="folder for timemodel-{validate,predict}.{md,json}")
+    sub = parser.add_subparsers(dest="what", required=True)
+    val = sub.add_parser("validate", help="predict the P4 benchmark's rows and set them beside the measurements")
+    val.add_argument("p4", nargs="+", metavar="P4.json", help="result files of bench_network.py --parts p4")
+    pre = sub.add_parser("predict", help="steps/s per rank of each method as ranks and link rate grow")
+    pre.add_argument("--ranks", type=int, nargs="+", default=[16, 64, 256])
+    pre.add_argument("--per-node", type=int, default=8, help="ranks per node, a core each (default: 8)")
+    pre.add_argument("--rate-gbit", type=float, nargs="+", default=[1, 10, 100])
+    pre.add_argument("--mb", type=float, default=100, help="model size in MB (default: 100)")
+    pre.add_argument("--compute-ms", type=float, default=100, help="compute per step, a GPU's (default: 100)")
+    pre.add_argument("--methods", nargs="+", default=list(scaling.DEFAULT_METHODS),
+                     help="default: " + " ".join(scaling.DEFAULT_METHODS))
+    pre.add_argument("--steps", type=int, default=10, help="steps simulated per rank (default: 10)")
+
+
+def _meta(args, costs_path):
+    with open(costs_path) as f:
+        calibration = json.load(f)
+    return {"commit": provenance.commit(), "versions": provenance.versions(), "command": "python -m mpigossip " + " ".join(sys.argv[1:]),
+            "calibration": costs_path, "calibration_meta": calibration.get("meta", {})}
+
+
+def main(args):
+    costs = Costs.load(args.costs)
+    if args.what == "validate":
+        from . import validation
+        rows = validation.p4_table(args.p4, costs)
+        text = validation.markdown(rows)
+    else:
+        rows = scaling.predict(costs, ranks=args.ranks, rates_gbit=args.rate_gbit, per_node=args.per_node,
+                               mb=args.mb, compute=args.compute_ms / 1e3,
+                               methods=tuple(args.methods), steps=args.steps,
+                               progress=lambda line: print(line, file=sys.stderr, flush=True))
+        text = scaling.markdown(rows)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        meta = _meta(args, args.costs)
+        base = os.path.join(args.out, f"timemodel-{args.what}")
+        with open(base + ".json", "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        with open(base + ".md", "w") as f:
+            f.write(f"Time model ({args.what}) at {meta['commit']} ({meta['versions']}), calibration "
+                    f"`{args.costs}` (measured at {meta['calibration_meta'].get('commit', '?')}): "
+                    f"`{meta['command']}`\n\n{text}\n")
+    return 0

@@ -1,0 +1,70 @@
+"""The time model against measurements: predicted and measured P4 rows side by side.
+
+:func:`p4_table` reads the P4 benchmark's result files (``benchmarks/bench_network.py --parts
+p4``: throughput of every method with and without a rank twice as slow), simulates each row
+with the calibrated :class:`~.timing.Costs` (nothing refitted), and returns rows with both
+figures and the relative error; :func:`markdown` writes them as a table.
+"""
+
+import json
+
+from .timing import Workload, simulate
+
+__all__ = ["p4_rows", "p4_table", "markdown", "TOLERANCE"]
+
+#: The relative error a prediction must stay within.
+TOLERANCE = 0.15
+
+
+def p4_rows(paths):
+    """The P4 rows of the result files at ``paths`` (each ``{"meta", "rows"}``), with their meta."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        for row in data["rows"]:
+            if "steps_per_s_straggler" in row:
+                out.append((row, data.get("meta", {}), path))
+    return out
+
+
+def _nodes(row):
+    ranks, nodes = int(row["ranks"]), int(row.get("nodes") or row["ranks"])
+    if ranks % nodes:
+        raise ValueError(f"{ranks} ranks on {nodes} nodes: not the same on every node")
+    return nodes, ranks // nodes
+
+
+def p4_table(paths, costs, *, seed=0):
+    """Predicted vs measured for every P4 row: a list of dicts (one per row and case)."""
+    table = []
+    for row, meta, path in p4_rows(paths):
+        nodes, per_node = _nodes(row)
+        for case, key, straggler in (("no straggler", "steps_per_s", {}),
+                                     ("rank 1 2x slow", "steps_per_s_straggler", {1: 2.0})):
+            work = Workload(mb=row["mb"], compute=row["compute_ms"] / 1e3, straggler=straggler,
+                            steps=int(row.get("steps", 30)))
+            predicted = simulate(row["algorithm"], nodes, per_node, work, costs, seed=seed)["steps_per_s"]
+            measured = row[key]
+            runs = [r[0 if key == "steps_per_s" else 1] for r in row.get("runs", [])]
+            table.append({"ranks": row["ranks"], "nodes": nodes, "mb": row["mb"], "algorithm": row["algorithm"],
+                          "case": case, "measured": measured, "measured_range": [min(runs), max(runs)] if runs
+                          else None, "predicted": predicted, "error": predicted / measured - 1,
+                          "source": f"{path} ({meta.get('commit', '?')})"})
+    return table
+
+
+def markdown(table, tolerance=TOLERANCE):
+    """The table as markdown, and a last line counting the rows within ``tolerance``."""
+    lines = ["| ranks | MB | algorithm | case | measured steps/s (range) | predicted | error |",
+             "|---|---|---|---|---|---|---|"]
+    for t in table:
+        rng = t["measured_range"]
+        span = f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng else ""
+        mark = "" if abs(t["error"]) <= tolerance else " **miss**"
+        lines.append(f"| {t['ranks']} | {t['mb']:g} | {t['algorithm']} | {t['case']} | {t['measured']:.2f}{span} | "
+                     f"{t['predicted']:.2f} | {t['error']:+.0%}{mark} |")
+    within = sum(abs(t["error"]) <= tolerance for t in table)
+    lines.append("")
+    lines.append(f"{within} of {len(table)} rows within {tolerance:.0%}.")
+    return "\n".join(lines)

@@ -1,0 +1,219 @@
+"""The time model (mpigossip.sim.events, .cluster, .timing, .validation, .scaling): the engine's
+sharing rules against closed forms, and each method's waits where their effect is known."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from mpigossip.sim.cluster import Cluster
+from mpigossip.sim.events import Engine, Fabric
+from mpigossip.sim.timing import Costs, Workload, simulate
+from mpigossip.sim import scaling, validation
+
+MB = 2 ** 20
+
+
+def finish_times(fabric, flows):
+    """Start ``flows`` [(amount, resources, kwargs)] at 0; the time each one ends."""
+    ends = [None] * len(flows)
+    for i, (amount, resources, kw) in enumerate(flows):
+        fabric.transfer(amount, resources, **kw).then(lambda _, i=i: ends.__setitem__(i, fabric.engine.now))
+    fabric.engine.run()
+    return ends
+
+
+def test_a_flow_alone_and_flows_sharing_a_link():
+    e = Engine()
+    f = Fabric(e, {"link": 100.0, "other": 100.0})
+    assert finish_times(f, [(50, ["link"], {"latency": 0.5})]) == [pytest.approx(1.0)]
+    e = Engine()
+    f = Fabric(e, {"link": 100.0})
+    # two flows share the link: the short one ends at 2 x 50 / 100; the long one then runs alone
+    assert finish_times(f, [(50, ["link"], {}), (150, ["link"], {})]) == [pytest.approx(1.0), pytest.approx(2.0)]
+
+
+def test_max_min_fairness_with_two_bottlenecks():
+    """A crosses link a (cap 10); B crosses a and b (cap 2): B is held to 2 by b, A gets the rest, 8."""
+    e = Engine()
+    f = Fabric(e, {"a": 10.0, "b": 2.0})
+    ends = finish_times(f, [(80, ["a"], {}), (20, ["a", "b"], {})])
+    assert ends == [pytest.approx(10.0), pytest.approx(10.0)]
+    assert f.carried["a"] == pytest.approx(100) and f.carried["b"] == pytest.approx(20)
+
+
+def test_cores_are_shared_one_core_at_most_each():
+    e = Engine()
+    f = Fabric(e, {"cpu": 2.0})
+    # three tasks of 1 core-second on 2 cores: each gets 2/3 of a core, all end at 1.5 s
+    assert finish_times(f, [(1.0, ["cpu"], {"cap": 1.0})] * 3) == [pytest.approx(1.5)] * 3
+    e = Engine()
+    f = Fabric(e, {"cpu": 2.0})
+    assert finish_times(f, [(1.0, ["cpu"], {"cap": 1.0})]) == [pytest.approx(1.0)]  # one core, not two
+
+
+def test_flows_of_different_units_share_a_pool_by_their_own_pace():
+    """A transfer that needs 0.5 core at its link's full rate and a CPU task on one core: each
+    gets the same fraction of what it would alone (the transfer is not starved to bytes per
+    core-second)."""
+    e = Engine()
+    f = Fabric(e, {"link": 100.0, "cpu": 1.0})
+    ends = finish_times(f, [(100, {"link": 1.0, "cpu": 0.005}, {}), (1.0, ["cpu"], {"cap": 1.0})])
+    # alone: the transfer 1 s (0.5 core), the task 1 s (1 core); together 1.5 cores on one: 2/3 each
+    assert ends == [pytest.approx(1.5), pytest.approx(1.5)]
+
+
+def test_a_cancelled_transfer_never_fires_and_frees_its_share():
+    e = Engine()
+    f = Fabric(e, {"link": 100.0})
+    ends = []
+    spin = f.transfer(1e9, ["link"])
+    spin.then(lambda _: ends.append("spin"))
+    f.transfer(100, ["link"]).then(lambda _: ends.append(e.now))
+    e.call_at(0.5, f.cancel, spin)   # at 0.5 s: 25 bytes moved, 75 left alone at 100/s
+    e.run()
+    assert ends == [pytest.approx(1.25)]
+    with pytest.raises(ValueError, match="before now"):
+        e.call_at(0.0, lambda: None)
+
+
+def test_processes_wait_for_events_and_messages_wait_for_their_receive():
+    """A message above the eager limit flows only once its receive is posted (rendezvous)."""
+    cl = Cluster(2, 1, link_rate=100.0, latency=0.0, eager=10)
+    log = {}
+
+    def sender():
+        yield cl.send(0, 1, 100, ("m",))
+        log["sent"] = cl.engine.now
+
+    def receiver():
+        yield cl.sleep(2.0)
+        yield cl.receive(1, ("m",))
+        log["received"] = cl.engine.now
+    cl.engine.process(sender())
+    cl.engine.process(receiver())
+    cl.engine.run()
+    assert log == {"sent": pytest.approx(3.0), "received": pytest.approx(3.0)}
+
+
+NO_CPU = Costs(link_rate=100 * MB, latency=0.0, rma_lock=0.0, rma_rate=1.0, message_cpu=0.0, step_cpu=0.0, step_cpu0=0.0,
+               pass_rate=1e18, shm_rate=1e18, cores=64)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_allreduce_takes_its_bandwidth_limit(n):
+    """No compute and no CPU: a ring allreduce step is 2 (n - 1) / n models through each link."""
+    r = simulate("allreduce", n, 1, Workload(mb=10, compute=0.0, steps=4, warmup=1), NO_CPU)
+    assert r["step_s"] == [pytest.approx(2 * (n - 1) / n * 0.1)] * n
+
+
+def test_the_allreduce_formula_agrees_with_the_ring_message_by_message():
+    work = Workload(mb=16, compute=0.2, steps=4, straggler={1: 2.0})
+    costs = Costs(link_rate=120e6, latency=5e-5, cores=4)
+    messages = simulate("allreduce", 4, 2, work, costs)["steps_per_s"]
+    from mpigossip.sim import timing
+    run_init = timing._Run.__init__
+
+    def formula(self, *a, **k):
+        run_init(self, *a, **k)
+        self.message_level_up_to = 0
+    timing._Run.__init__ = formula
+    try:
+        by_formula = simulate("allreduce", 4, 2, work, costs)["steps_per_s"]
+    finally:
+        timing._Run.__init__ = run_init
+    assert by_formula == pytest.approx(messages, rel=0.05)
+
+
+def test_a_straggler_holds_back_the_synchronous_methods_not_the_asynchronous_ones():
+    steady = Workload(mb=1, compute=0.1, steps=20)
+    slow = Workload(mb=1, compute=0.1, steps=20, straggler={1: 2.0})
+    costs = Costs(link_rate=120e6, cores=4)
+    for sync in ("allreduce", "sgp"):
+        r = simulate(sync, 4, 1, slow, costs)
+        assert max(r["step_s"]) == pytest.approx(min(r["step_s"]), rel=0.05), (sync, r["step_s"])  # lockstep
+        assert r["steps_per_s"] < 0.6 * simulate(sync, 4, 1, steady, costs)["steps_per_s"]
+    r = simulate("agp", 4, 1, slow, costs)
+    fast = [s for i, s in enumerate(r["step_s"]) if i != 1]
+    assert max(fast) < 1.1 * 0.1 and r["step_s"][1] > 0.19   # the others keep their own pace
+    osgp = simulate("osgp:4", 4, 1, slow, costs)["steps_per_s"]
+    assert simulate("sgp", 4, 1, slow, costs)["steps_per_s"] < osgp < r["steps_per_s"]
+
+
+def test_one_center_serialises_easgd_and_shards_spread_it():
+    """EASGD's exchanges queue on the center's lock and link: every exchange moves the model
+    out and back through rank 0's link; with the center on every rank, the links share it."""
+    work = Workload(mb=10, compute=0.0, steps=4, warmup=1)
+    one = simulate("easgd", 4, 1, work, NO_CPU)
+    spread = simulate("easgd:4", 4, 1, work, NO_CPU)
+    # 3 remote workers x (read + write) of 10 MB through rank 0's link at 100 MB/s, one at a time
+    assert one["seconds"] / 5 == pytest.approx(0.6, rel=0.05)
+    assert spread["steps_per_s"] > 2 * one["steps_per_s"]
+
+
+def test_every_method_runs_and_a_deadlock_is_named(monkeypatch):
+    costs = Costs(link_rate=120e6, cores=2, cores_shared=True)
+    for m in ("allreduce", "sgp", "osgp:2", "agp", "gossip-pull", "adpsgd", "easgd", "easgd:2"):
+        r = simulate(m, 2, 2, Workload(mb=1, steps=3), costs)
+        assert 0 < r["steps_per_s"] < 4 / 0.2 and len(r["step_s"]) == 4, m
+    with pytest.raises(ValueError, match="unknown method 'dpsgd'"):
+        simulate("dpsgd", 2, 1, Workload(mb=1), costs)
+    from mpigossip.sim import timing
+    monkeypatch.setattr(timing._Run, "_step_sgp", lambda self, r, k: iter([self.cl.engine.event()]))
+    with pytest.raises(RuntimeError, match=r"ranks \[0, 1\] never finished"):
+        simulate("sgp", 2, 1, Workload(mb=1, steps=2), costs)
+
+
+def test_measured_method_cpu_replaces_the_structural_costs():
+    base = Costs(link_rate=1e12, cores=1, cores_shared=True, latency=0.0, message_cpu=0.0)
+    work = Workload(mb=10, compute=0.0, steps=4, warmup=1)
+    measured = Costs(**{**base.__dict__, "method_cpu": {"sgp": [0.01, 0.002]}})
+    # one core for 2 ranks: each step takes both ranks' 0.01 + 0.02 s of CPU
+    assert simulate("sgp", 2, 1, work, measured)["step_s"] == [pytest.approx(0.06, rel=0.01)] * 2
+
+
+def test_validation_table_and_its_misses(tmp_path):
+    row = {"what": "P4", "mb": 1.0, "ranks": 2, "nodes": 2, "algorithm": "allreduce", "compute_ms": 100.0,
+           "steps": 5, "steps_per_s": 1.0, "steps_per_s_straggler": 1.0, "runs": [[1.0, 1.0], [1.2, 0.9]]}
+    path = tmp_path / "p4.json"
+    path.write_text(json.dumps({"meta": {"commit": "abc"}, "rows": [row]}))
+    costs = Costs(link_rate=120e6, cores=2)
+    table = validation.p4_table([str(path)], costs)
+    assert [t["case"] for t in table] == ["no straggler", "rank 1 2x slow"]
+    predicted = simulate("allreduce", 2, 1, Workload(mb=1, compute=0.1, steps=5), costs)["steps_per_s"]
+    assert table[0]["predicted"] == pytest.approx(predicted) and table[0]["error"] == pytest.approx(predicted - 1)
+    assert table[0]["measured_range"] == [1.0, 1.2]
+    text = validation.markdown(table)
+    assert text.count("**miss**") == 2 and text.endswith("0 of 2 rows within 15%.")
+
+
+def test_predictions_at_scale_keep_the_payload_fraction_and_give_a_core_per_rank():
+    costs = Costs(link_rate=0.96 * 1e9 / 8, cores=2, cores_shared=True, wire_cpu=1e-9)
+    c = scaling.cluster_costs(costs, 100, per_node=8)
+    assert c.link_rate == pytest.approx(0.96 * 100e9 / 8) and c.cores == 8 and not c.cores_shared
+    assert c.wire_cpu == 0.0
+    rows = scaling.predict(costs, ranks=[16], rates_gbit=[1, 10], per_node=8, mb=10, compute=0.1,
+                           methods=("allreduce", "agp"), steps=3)
+    assert len(rows) == 2 * 2 * 2
+    fast = {r["method"]: r["steps_per_s"] for r in rows if r["rate_gbit"] == 10 and r["straggler"] == 1.0}
+    slow = {r["method"]: r["steps_per_s"] for r in rows if r["rate_gbit"] == 1 and r["straggler"] == 1.0}
+    assert fast["allreduce"] > slow["allreduce"]   # a faster link speeds the synchronous method
+    assert "fastest in bold" in scaling.markdown(rows)
+    with pytest.raises(ValueError, match="whole number of nodes"):
+        scaling.predict(costs, ranks=[12], rates_gbit=[1], per_node=8, mb=1, compute=0.1)
+
+
+def test_timemodel_command(tmp_path):
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"meta": {"commit": "x"}, "costs": {"link_rate": 120e6, "cores": 2}}))
+    proc = subprocess.run([sys.executable, "-m", "mpigossip", "timemodel", "--costs", str(costs), "--out",
+                           str(tmp_path), "predict", "--ranks", "8", "--per-node", "4", "--rate-gbit", "1",
+                           "--mb", "1", "--methods", "sgp", "allreduce", "--steps", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "timemodel-predict.json").read_text())
+    assert data["meta"]["calibration_meta"] == {"commit": "x"} and len(data["rows"]) == 4
+    assert "| 8 | 1 |" in (tmp_path / "timemodel-predict.md").read_text()
+    assert math.isfinite(data["rows"][0]["steps_per_s"])
