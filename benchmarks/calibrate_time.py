@@ -140,7 +140,6 @@ def _all_exchange(comm, nbytes, repeats, hosts):
 
 
 def _cpu(nbytes, mb, repeats):
-    import torch
     # Four buffers of each kind in turn: a step's buffers are not in the cache when it combines them.
     xs = [np.ones(nbytes // 4, np.float32) for _ in range(4)]
     rs = [np.ones_like(xs[0]) for _ in range(4)]
@@ -161,23 +160,36 @@ def _cpu(nbytes, mb, repeats):
                         repeats * 10)
     steps = {}
     for size in sorted({1.0, float(mb)}):
-        k = max(2, int((size * 2 ** 20 / 4) ** 0.5))
-        torch.manual_seed(0)
-        model = torch.nn.Linear(k, k, bias=False)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        batch = torch.randn(8, k)
-
-        def step():
-            loss = model(batch).square().mean()
-            opt.zero_grad(set_to_none=False)
-            loss.backward()
-            opt.step()
+        step, _ = _p4_step(size)
         step()
         steps[size] = _median(lambda: _cpu_timed(step), repeats)
-    (a, sa), (b, sb) = sorted(steps.items())[0], sorted(steps.items())[-1]
-    per_mb = (sb - sa) / (b - a) if b > a else sb / b
+    step_cpu0, step_cpu = _fit(steps)
     return {"pass_s": pass_s, "copy_s": copy_s, "message_s": message_s, "steps": steps,
-            "step_cpu": max(0.0, per_mb), "step_cpu0": max(0.0, sa - per_mb * a)}
+            "step_cpu": step_cpu, "step_cpu0": step_cpu0}
+
+
+def _p4_step(size, method=None, comm=None):
+    """(one step of the P4 benchmark's trainer at ``size`` MB, its wrapper or None): one square
+    ``nn.Linear`` without bias, batch 8, forward, backward, SGD, and ``method``'s step."""
+    import torch
+    k = max(2, int((size * 2 ** 20 / 4) ** 0.5))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(k, k, bias=False)
+    algo = None
+    if method is not None:
+        import mpigossip.torch as mgt
+        algo = mgt.make(method, model, comm=comm)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = torch.randn(8, k)
+
+    def step():
+        loss = model(batch).square().mean()
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        if algo is not None:
+            algo.step()
+    return step, algo
 
 
 #: The methods whose step's CPU is measured (the P4 benchmark's wrappers).
@@ -189,25 +201,11 @@ def _method_cpu(local, sizes, steps):
     method's step; no sleep), median over ``steps``}} on the ranks of one node (``local``), which
     move their messages through shared memory: the package's own work per step, without the
     network's."""
-    import torch
-    import mpigossip.torch as mgt
     out = {}
     for name in METHODS:
         out[name] = {}
         for size in sizes:
-            k = max(2, int((size * 2 ** 20 / 4) ** 0.5))
-            torch.manual_seed(0)
-            model = torch.nn.Linear(k, k, bias=False)
-            algo = mgt.make(name, model, comm=local)
-            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-            batch = torch.randn(8, k)
-
-            def step():
-                loss = model(batch).square().mean()
-                opt.zero_grad(set_to_none=False)
-                loss.backward()
-                opt.step()
-                algo.step()
+            step, algo = _p4_step(size, name, local)
             for _ in range(2):
                 step()
             _quiet_barrier(local)
