@@ -125,6 +125,8 @@ def test_the_allreduce_formula_agrees_with_the_ring_message_by_message():
     finally:
         timing._Run.__init__ = run_init
     assert by_formula == pytest.approx(messages, rel=0.05)
+    flat = simulate("allreduce", 8, 1, Workload(mb=16, steps=2), costs)["models_moved_per_step"]
+    assert flat == pytest.approx(2 * 7 / 8)   # each rank of a ring sends 2 (n - 1) / n of the model
 
 
 def test_a_straggler_holds_back_the_synchronous_methods_not_the_asynchronous_ones():

@@ -256,6 +256,7 @@ class _Run:
         (all of the node's rings together) plus a latency each, the node's reduce-scatter and
         gather in shared memory, and the reduction's passes."""
         cl, L, N, M = self.cl, self.cl.ranks_per_node, self.cl.nodes, self.M
+        cl.moved[r] = cl.moved.get(r, 0.0) + 2 * (self.n - 1) / self.n * M   # as a ring's rank sends
         arrived = self._arrivals.setdefault(k, [0, self.cl.engine.event()])
         arrived[0] += 1
         if arrived[0] == self.n:
