@@ -3,7 +3,7 @@ they share, and the messages between them (on :mod:`.events`).
 
 Every node has an uplink and a downlink of ``link_rate`` bytes/s (full duplex, shared by
 the node's ranks: a message from node a to node b crosses a's uplink and b's downlink) and
-a shared-memory path of ``shm_rate`` bytes/s for messages between its own ranks. Cores come
+a shared-memory path of ``shm_rate`` bytes/s per core for messages between its own ranks. Cores come
 in pools: one per node by default, or one for the whole machine (``cores_shared=True``: the
 emulated cluster's nodes share this machine's cores). A rank's CPU work takes at most one
 core and shares its pool with the other ranks' (processor sharing); a sleep takes none.
@@ -24,7 +24,8 @@ class Cluster:
         link_rate: payload bytes per second of each node's link, each way.
         latency: seconds before a message between nodes starts to flow.
         cores: cores per pool; cores_shared: one pool for every node (else one per node).
-        shm_rate: bytes per second between two ranks of one node.
+        shm_rate: bytes per second one core copies between two ranks of one node (a node's
+            shared memory carries ``cores`` times that).
         message_cpu: CPU seconds each side spends per message (posting, matching, completing).
         wire_cpu: CPU seconds per byte between nodes, on each side (the network stack's copies).
         eager: bytes up to which a message leaves before its receive is posted (Open MPI's TCP
@@ -43,7 +44,7 @@ class Cluster:
         capacity = {}
         for n in range(nodes):
             capacity[f"up{n}"] = capacity[f"down{n}"] = link_rate
-            capacity[f"shm{n}"] = shm_rate
+            capacity[f"shm{n}"] = shm_rate * self.cores   # each core copies at shm_rate
         pools = ["cpu"] if cores_shared else [f"cpu{n}" for n in range(nodes)]
         for pool in pools:
             capacity[pool] = self.cores

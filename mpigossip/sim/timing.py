@@ -262,8 +262,8 @@ class _Run:
         if arrived[0] == self.n:
             c = self.costs
             t = 2 * (N - 1) * (c.latency + M / N / c.link_rate) if N > 1 else 0.0
-            if L > 1:
-                t += 2 * (L - 1) / L * M / c.shm_rate
+            if L > 1:   # every rank of the node moves (L - 1) / L of the model in and out, a core each
+                t += 2 * (L - 1) / L * M * L / (c.shm_rate * min(L, cl.cores))
             t += (M / L if N > 1 else M) * ((N - 1) / N if N > 1 else (L - 1) / L) / c.pass_rate
             cl.engine.call_at(cl.engine.now + t, arrived[1].succeed)
         yield arrived[1]
