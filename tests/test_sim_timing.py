@@ -113,17 +113,17 @@ def test_the_allreduce_formula_agrees_with_the_ring_message_by_message():
     work = Workload(mb=16, compute=0.2, steps=4, straggler={1: 2.0})
     costs = Costs(link_rate=120e6, latency=5e-5, cores=4)
     messages = simulate("allreduce", 4, 2, work, costs)["steps_per_s"]
-    from mpigossip.sim import timing
-    run_init = timing._Run.__init__
+    from mpigossip.sim import methods
+    run_init = methods.Steps.__init__
 
     def formula(self, *a, **k):
         run_init(self, *a, **k)
         self.message_level_up_to = 0
-    timing._Run.__init__ = formula
+    methods.Steps.__init__ = formula
     try:
         by_formula = simulate("allreduce", 4, 2, work, costs)["steps_per_s"]
     finally:
-        timing._Run.__init__ = run_init
+        methods.Steps.__init__ = run_init
     assert by_formula == pytest.approx(messages, rel=0.05)
     flat = simulate("allreduce", 8, 1, Workload(mb=16, steps=2), costs)["models_moved_per_step"]
     assert flat == pytest.approx(2 * 7 / 8)   # each rank of a ring sends 2 (n - 1) / n of the model
@@ -162,8 +162,8 @@ def test_every_method_runs_and_a_deadlock_is_named(monkeypatch):
         assert 0 < r["steps_per_s"] < 4 / 0.2 and len(r["step_s"]) == 4, m
     with pytest.raises(ValueError, match="unknown method 'dpsgd'"):
         simulate("dpsgd", 2, 1, Workload(mb=1), costs)
-    from mpigossip.sim import timing
-    monkeypatch.setattr(timing._Run, "_step_sgp", lambda self, r, k: iter([self.cl.engine.event()]))
+    from mpigossip.sim import methods
+    monkeypatch.setattr(methods.Steps, "_step_sgp", lambda self, r, k: iter([self.cl.engine.event()]))
     with pytest.raises(RuntimeError, match=r"ranks \[0, 1\] never finished"):
         simulate("sgp", 2, 1, Workload(mb=1, steps=2), costs)
 

@@ -1,0 +1,300 @@
+"""Each method's step in the time model (:mod:`.timing`): its messages, waits and window
+locks as events on a :class:`~.cluster.Cluster`. Who waits for whom comes out of the events:
+AllReduce's ring waits for the slowest rank every step, SGP for its in-peers, OSGP for
+messages ``max_delay + 1`` steps old, AGP for nobody; one-sided methods wait for the bytes
+they read and for the locks they take.
+
+What a method sends, per rank and step (M = the model's bytes):
+
+* ``allreduce``: a ring (``2 (n - 1)`` rounds of M / n bytes, the first ``n - 1`` added in),
+  or with several ranks per node the node-aware ring (the node's ranks reduce in shared
+  memory, one ring per local rank between nodes on M / local bytes, then the node gathers);
+* ``sgp``: x to its out-peer of :class:`~mpigossip.topology.ExponentialGraph`, x from its
+  in-peer, both awaited, then the combine;
+* ``osgp:T``: as ``sgp``, a step's messages combined once arrived, awaited only ``T + 1`` steps later;
+* ``agp``: x's share to its out-peer if the previous message to it has left (else added to
+  what accumulates for it), and whatever has arrived combined; never waits;
+* ``gossip-pull``: a one-sided read of a random rank's x (itself included) under a shared lock,
+  averaged in, then x published into the rank's own window under its exclusive lock;
+* ``adpsgd``: active ranks (even) read a passive rank's x under its exclusive lock and write
+  the average back; passive ranks fold their update into their own window under that lock;
+* ``easgd`` / ``easgd:S``: every rank, shard after shard of the center (on ``S`` ranks,
+  default 1), takes the shard's exclusive lock, reads it, writes it back moved, unlocks.
+
+CPU: a rank's whole step as measured (``Costs.method_cpu``) where the calibration has it,
+else the training step's CPU plus the kernel passes named here.
+"""
+
+import random
+
+from .. import topology as topo_mod
+
+#: The methods the model knows (``osgp`` and ``easgd`` take ``:N``).
+METHODS = ("allreduce", "sgp", "osgp", "agp", "gossip-pull", "adpsgd", "easgd")
+
+
+class _Lock:
+    """A lock on one window, shared or exclusive, granted first come first served: a request
+    waits for the ones before it (a shared one goes with other shared holders)."""
+
+    def __init__(self, engine):
+        self.engine, self.shared, self.exclusive, self.queue = engine, 0, False, []
+
+    def acquire(self, exclusive=True):
+        ev = self.engine.event()
+        self.queue.append((exclusive, ev))
+        self._grant()
+        return ev
+
+    def release(self, exclusive=True):
+        if exclusive:
+            self.exclusive = False
+        else:
+            self.shared -= 1
+        self._grant()
+
+    def _grant(self):
+        while self.queue and not self.exclusive:
+            exclusive, ev = self.queue[0]
+            if exclusive and self.shared:
+                return
+            self.queue.pop(0)
+            if exclusive:
+                self.exclusive = True
+            else:
+                self.shared += 1
+            ev.succeed()
+
+
+class Steps:
+    """One simulation's ranks: the cluster, the costs, the workload, each method's step and
+    each rank's step times (:meth:`rank` is a rank's process)."""
+
+    def __init__(self, method, cluster, costs, work, seed):
+        name, _, arg = method.partition(":")
+        if name not in METHODS:
+            raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)} (osgp:T, easgd:S)")
+        self.name, self.arg = name, int(arg) if arg else None
+        self.measured = costs.method_cpu.get(name)
+        self.cl, self.costs, self.work = cluster, costs, work
+        self.n = cluster.size
+        self.M = work.nbytes
+        self.rng = random.Random(seed)
+        self.times = [[] for _ in range(self.n)]
+        self.topology = topo_mod.ExponentialGraph(peers=1).bind(self.n) if self.n > 1 else None
+        self.locks = {}
+        self._arrivals = {}                  # allreduce by formula: step -> [ranks arrived, done]
+        self.message_level_up_to = 32        # ranks up to which collectives are simulated message by message
+        self.sending = [None] * self.n       # AGP: the event of each rank's message in flight
+        self.announced = [[] for _ in range(self.n)]  # AGP: messages sent to each rank, not yet posted
+        self.posted = [[] for _ in range(self.n)]     # AGP: receives posted, not yet combined
+        self.receives = 2                    # AGP's receive buffers per rank
+
+    # --- building blocks ---
+    def wait(self, r, event):
+        """Rank ``r`` waits for ``event`` (a process step: ``yield from self.wait(r, ev)``)."""
+        if not event.done:
+            yield event
+
+    def passes(self, rank, nbytes, count=1.0):
+        """``count`` kernel passes over ``nbytes`` on one core (nothing where the method's
+        whole step is measured: :attr:`Costs.method_cpu`)."""
+        if self.measured is not None:
+            return self.cl.engine.timeout(0.0)
+        return self.cl.cpu(rank, count * nbytes / self.costs.pass_rate)
+
+    def lock(self, rank):
+        if rank not in self.locks:
+            self.locks[rank] = _Lock(self.cl.engine)
+        return self.locks[rank]
+
+    def rma(self, me, target, nbytes, read):
+        """A one-sided read (target -> me) or write (me -> target)."""
+        src, dst = (target, me) if read else (me, target)
+        return self.cl.wire(src, dst, nbytes, rate=self.costs.rma_rate, by=me)
+
+    # --- a rank ---
+    def rank(self, r):
+        cl, w = self.cl, self.work
+        factor = w.straggler.get(r, 1.0)
+        step = getattr(self, "_step_" + self.name.replace("-", "_"))
+        for k in range(w.warmup + w.steps):
+            yield cl.sleep(w.compute * factor)
+            if self.measured is not None:
+                yield cl.cpu(r, self.measured[0] + self.measured[1] * w.mb)
+            else:
+                yield cl.cpu(r, self.costs.step_cpu0 + self.costs.step_cpu * w.mb)
+            yield from step(r, k)
+            self.times[r].append(cl.engine.now)
+        if self.name == "agp":   # what is still in flight lands (AGP's drain, not timed)
+            if self.sending[r] is not None:
+                yield self.sending[r]
+
+    # --- the methods ---
+    def _ring(self, r, ring, nbytes, key, reduce=True):
+        """Ring allreduce of ``nbytes`` among ``ring`` (ranks in ring order) by ``r``."""
+        n = len(ring)
+        if n == 1:
+            return
+        i = ring.index(r)
+        right, block = ring[(i + 1) % n], nbytes / n
+        for s in range(2 * (n - 1)):
+            yield from self.wait(r, self.cl.engine.all_of([self.cl.send(r, right, block, key + (s, right)),
+                                                           self.cl.receive(r, key + (s, r))]))
+            if reduce and s < n - 1:
+                yield self.passes(r, block)
+
+    def _step_allreduce(self, r, k):
+        cl, L = self.cl, self.cl.ranks_per_node
+        if self.n == 1:
+            return
+        if self.n > self.message_level_up_to:
+            yield from self._allreduce_formula(r, k)
+        elif L == 1 or cl.nodes == 1:
+            yield from self._ring(r, list(range(self.n)), self.M, ("ar", k))
+        else:  # node-aware: reduce-scatter in the node, a ring per local rank, gather in the node
+            node, local = cl.node(r), r % L
+            mates = [node * L + j for j in range(L)]
+            shard = self.M / L
+            yield from self._node_exchange(r, mates, shard, ("rs", k))
+            yield self.passes(r, shard, L - 1)
+            yield from self._ring(r, [n * L + local for n in range(cl.nodes)], shard, ("ar", k))
+            yield from self._node_exchange(r, mates, shard, ("ag", k))
+        yield self.passes(r, self.M)  # the 1/n
+
+    def _allreduce_formula(self, r, k):
+        """Past ``message_level_up_to`` ranks (a ring's 2 (n - 1) rounds per rank make the
+        events grow as n^2): every rank waits for the last to arrive, then the ring's time by
+        formula, the links to itself: ``2 (N - 1)`` rounds of ``M / N`` bytes per node link
+        (all of the node's rings together) plus a latency each, the node's reduce-scatter and
+        gather in shared memory, and the reduction's passes."""
+        cl, L, N, M = self.cl, self.cl.ranks_per_node, self.cl.nodes, self.M
+        cl.moved[r] = cl.moved.get(r, 0.0) + 2 * (self.n - 1) / self.n * M   # as a ring's rank sends
+        arrived = self._arrivals.setdefault(k, [0, self.cl.engine.event()])
+        arrived[0] += 1
+        if arrived[0] == self.n:
+            c = self.costs
+            t = 2 * (N - 1) * (c.latency + M / N / c.link_rate) if N > 1 else 0.0
+            if L > 1:   # every rank of the node moves (L - 1) / L of the model in and out, a core each
+                t += 2 * (L - 1) / L * M * L / (c.shm_rate * min(L, cl.cores))
+            t += (M / L if N > 1 else M) * ((N - 1) / N if N > 1 else (L - 1) / L) / c.pass_rate
+            cl.engine.call_at(cl.engine.now + t, arrived[1].succeed)
+        yield arrived[1]
+
+    def _node_exchange(self, r, mates, shard, key):
+        """Each rank of the node sends ``shard`` bytes to each other one through shared memory."""
+        events = []
+        for m in mates:
+            if m != r:
+                events += [self.cl.send(r, m, shard, key + (r, m)), self.cl.receive(r, key + (m, r))]
+        yield from self.wait(r, self.cl.engine.all_of(events))
+
+    def _exchange(self, r, k):
+        """Post step k's PushSum messages of rank r: (sends, receives) events."""
+        outs, ins = self.topology.out_peers(r, k), self.topology.in_peers(r, k)
+        sends = [self.cl.send(r, d, self.M + 8, ("ps", k, r, d)) for d in outs]
+        recvs = [self.cl.receive(r, ("ps", k, s, r)) for s in ins]
+        return sends, recvs
+
+    def _step_sgp(self, r, k):
+        if self.n == 1:
+            return
+        sends, recvs = self._exchange(r, k)
+        yield from self.wait(r, self.cl.engine.all_of(sends + recvs))
+        yield self.passes(r, self.M, 1 + len(recvs))
+
+    def _step_osgp(self, r, k):
+        if self.n == 1:
+            return
+        delay = self.arg or 1
+        if not hasattr(self, "_pending"):
+            self._pending = [dict() for _ in range(self.n)]
+        pending = self._pending[r]
+        yield self.passes(r, self.M)  # start(): the share split off into the send buffer
+        while True:                   # at most max_delay + 1 sends in flight: wait for the oldest
+            sending = [j for j in pending if not all(e.done for e in pending[j][0])]
+            if len(sending) <= delay:
+                break
+            yield from self.wait(r, self.cl.engine.all_of(pending[min(sending)][0]))
+        pending[k] = self._exchange(r, k)
+        for j in sorted(pending):     # finish(): blocks only on messages of steps < k - max_delay
+            sends, recvs = pending[j]
+            if j < k - delay or all(e.done for e in recvs):
+                yield from self.wait(r, self.cl.engine.all_of(recvs))
+                if all(e.done for e in sends):
+                    del pending[j]
+                else:
+                    pending[j] = (sends, [])
+                if recvs:
+                    yield self.passes(r, self.M, len(recvs))
+
+    def _step_agp(self, r, k):
+        if self.n == 1:
+            return
+        cl = self.cl
+        yield self.passes(r, self.M)  # start(): the share split off
+        [d] = self.topology.out_peers(r, k)
+        if self.sending[r] is None or self.sending[r].done:
+            key = ("agp", r, k)
+            self.sending[r] = cl.send(r, d, self.M + 8, key)
+            self.announced[d].append(key)   # its weight, probed by d in its next finish()
+        else:
+            yield self.passes(r, self.M)  # added to what accumulates for d
+        # finish(): post receives for the shares announced (up to `receives` at once), take those arrived
+        posted = self.posted[r]
+        while self.announced[r] and len(posted) < self.receives:
+            key = self.announced[r].pop(0)
+            posted.append(cl.receive(r, key))
+        done = [e for e in posted if e.done]
+        self.posted[r] = [e for e in posted if not e.done]
+        if done:
+            yield self.passes(r, self.M, len(done))
+
+    def _step_gossip_pull(self, r, k):
+        t = self.rng.randrange(self.n)
+        if t != r:   # a shared lock on the target's window: waits while its owner publishes
+            lock = self.lock(t)
+            yield from self.wait(r, lock.acquire(exclusive=False))
+            yield self.cl.engine.timeout(self.costs.rma_lock)
+            yield from self.wait(r, self.rma(r, t, self.M, read=True))
+            lock.release(exclusive=False)
+        yield self.passes(r, self.M)
+        lock = self.lock(r)   # publishing x into its own window, exclusive: waits for readers
+        yield from self.wait(r, lock.acquire())
+        yield self.passes(r, self.M)
+        lock.release()
+
+    def _step_adpsgd(self, r, k):
+        if self.n == 1:
+            return
+        if r % 2 == 1:  # passive: fold the update into its own window
+            lock = self.lock(r)
+            yield from self.wait(r, lock.acquire())
+            yield self.passes(r, self.M)
+            lock.release()
+            return
+        passive = [p for p in range(self.n) if p % 2 == 1]
+        p = passive[self.rng.randrange(len(passive))]
+        lock = self.lock(p)
+        yield from self.wait(r, lock.acquire())
+        yield self.cl.engine.timeout(self.costs.rma_lock)
+        yield from self.wait(r, self.rma(r, p, self.M, read=True))
+        yield self.passes(r, self.M)
+        yield from self.wait(r, self.rma(r, p, self.M, read=False))
+        lock.release()
+
+    def _step_easgd(self, r, k):
+        servers = self.arg or 1
+        if servers < 1 or servers > self.n:
+            raise ValueError(f"easgd:{servers}: 1 to {self.n} servers")
+        shard = self.M / servers
+        for j in range(servers):
+            s = (r + j) % servers   # every walk starts at the rank's own shard
+            lock = self.lock(("center", s))
+            yield from self.wait(r, lock.acquire())
+            if s != r:
+                yield self.cl.engine.timeout(self.costs.rma_lock)
+            yield from self.wait(r, self.rma(r, s, shard, read=True))
+            yield self.passes(r, shard)
+            yield from self.wait(r, self.rma(r, s, shard, read=False))
+            lock.release()
