@@ -15,10 +15,19 @@ BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpigossip-mpiexec")
 
 
+#: Open MPI 5's launcher failing to start, before any rank runs (PMIx's listener; seen once in CI,
+#: and upstream: lfortran/lfortran#8610): such a launch is made again, once.
+LAUNCHER_STARTUP_FAULT = "The PMIx server's listener thread failed to start"
+
+
 def run(args, timeout=90):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    t0 = time.monotonic()
-    proc = subprocess.run([MPIEXEC] + args, capture_output=True, text=True, timeout=timeout, env=env)
+    for _ in range(2):
+        t0 = time.monotonic()
+        proc = subprocess.run([MPIEXEC] + args, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode == 0 or LAUNCHER_STARTUP_FAULT not in proc.stdout + proc.stderr:
+            break
+        sys.stderr.write(f"tests/test_faults.py: the launcher failed to start ({LAUNCHER_STARTUP_FAULT}); again\n")
     return proc, time.monotonic() - t0
 
 
