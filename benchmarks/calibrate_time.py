@@ -242,8 +242,8 @@ def main():
     parser.add_argument("--mb", type=float, default=16.0)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--cores", type=int, default=os.cpu_count())
-    parser.add_argument("--cores-shared", action="store_true", default=os.environ.get("MPIGOSSIP_CORES_PER_NODE") == "0",
-                        help="the nodes share the cores (default: when MPIGOSSIP_CORES_PER_NODE=0)")
+    parser.add_argument("--cores-shared", action="store_true",
+                        default=os.environ.get("MPIGOSSIP_CORES_PER_NODE") == "0", help="the nodes share the cores (default: when MPIGOSSIP_CORES_PER_NODE=0)")
     parser.add_argument("--out")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD

@@ -7,8 +7,9 @@ differences the failure path needs (:mod:`mpigossip.failures`): every message is
 persistent request, made once per peer and receive slot and started each step (with Open
 MPI's ob1, a non-persistent request to a dead peer may end the job), and ``x`` is combined
 only once every message of the step has arrived, so a step that meets a failure leaves
-``(x, w)`` as they were: ``z = x / w`` stays a weighted average of what the ranks held. The buffer goes in one piece (no chunks: a chunk combined
-before the failure would leave parts of ``x`` mixed with other weights than the rest).
+``(x, w)`` as they were: ``z = x / w`` stays a weighted average of what the ranks held. The
+buffer goes in one piece (no chunks: a chunk combined before the failure would leave parts of
+``x`` mixed with other weights than the rest).
 
 Messages keep one tag per kind: a step completes all of its messages before the next starts,
 and MPI matches messages between two ranks in the order they were sent.

@@ -6,8 +6,8 @@ topologies and kernels, beside the communicators (which do not know it exists).
 * :mod:`.sgd`: SGD on a convex problem with each averaging scheme (AllReduce, SGP, gossip
   push/pull, EASGD with a center), to see how error and accuracy scale with p.
 * :mod:`.timing` (on :mod:`.events`, :mod:`.cluster` and :mod:`.methods`): the time model,
-  each method's steps as events on a cluster of links and cores with measured costs; :mod:`.validation` against
-  the P4 benchmark, :mod:`.scaling` predictions at scale.
+  each method's steps as events on a cluster of links and cores with measured costs;
+  :mod:`.validation` against the P4 benchmark, :mod:`.scaling` predictions at scale.
 """
 
 from .mixing import GossipPushSim, PushSumSim, consensus_curve, consensus_error

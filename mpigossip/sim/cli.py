@@ -36,10 +36,11 @@ def add_arguments(parser):
     pre.add_argument("--steps", type=int, default=10, help="steps simulated per rank (default: 10)")
 
 
-def _meta(args, costs_path):
+def _meta(costs_path):
     with open(costs_path) as f:
         calibration = json.load(f)
-    return {"commit": provenance.commit(), "versions": provenance.versions(), "command": "python -m mpigossip " + " ".join(sys.argv[1:]),
+    return {"commit": provenance.commit(), "versions": provenance.versions(),
+            "command": "python -m mpigossip " + " ".join(sys.argv[1:]),
             "calibration": costs_path, "calibration_meta": calibration.get("meta", {})}
 
 
@@ -58,7 +59,7 @@ def main(args):
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        meta = _meta(args, args.costs)
+        meta = _meta(args.costs)
         base = os.path.join(args.out, f"timemodel-{args.what}")
         with open(base + ".json", "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -3,9 +3,9 @@ they share, and the messages between them (on :mod:`.events`).
 
 Every node has an uplink and a downlink of ``link_rate`` bytes/s (full duplex, shared by
 the node's ranks: a message from node a to node b crosses a's uplink and b's downlink) and
-a shared-memory path of ``shm_rate`` bytes/s per core for messages between its own ranks. Cores come
-in pools: one per node by default, or one for the whole machine (``cores_shared=True``: the
-emulated cluster's nodes share this machine's cores). A rank's CPU work takes at most one
+a shared-memory path of ``shm_rate`` bytes/s per core for messages between its own ranks.
+Cores come in pools: one per node by default, or one for the whole machine
+(``cores_shared=True``: the emulated cluster's nodes share this machine's cores). A rank's CPU work takes at most one
 core and shares its pool with the other ranks' (processor sharing); a sleep takes none.
 """
 

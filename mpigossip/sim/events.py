@@ -144,7 +144,6 @@ class Fabric:
         self._flows = []
         self._last = 0.0
         self._version = 0
-        self._cancelled = set()
         self.carried = {name: 0.0 for name in capacity}  # units moved through each resource
 
     def transfer(self, amount, resources, *, cap=math.inf, latency=0.0):
@@ -165,26 +164,11 @@ class Fabric:
             return done
 
         def start():
-            if done in self._cancelled:
-                self._cancelled.discard(done)
-                return
             self._advance()
             self._flows.append(_Flow(float(amount), tuple(weights), tuple(weights.values()), cap, done))
             self._reschedule()
         self.engine.call_at(self.engine.now + latency, start)
         return done
-
-    def cancel(self, event):
-        """Stop the transfer whose event is ``event`` where it is, or before it starts (its
-        event never fires)."""
-        for f in self._flows:
-            if f.event is event:
-                self._advance()
-                self._flows.remove(f)
-                self._reschedule()
-                return
-        if not event.done:
-            self._cancelled.add(event)
 
     def _advance(self):
         """Move every flow on by its rate since the last change."""

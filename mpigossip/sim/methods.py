@@ -89,13 +89,9 @@ class Steps:
         self.announced = [[] for _ in range(self.n)]  # AGP: messages sent to each rank, not yet posted
         self.posted = [[] for _ in range(self.n)]     # AGP: receives posted, not yet combined
         self.receives = 2                    # AGP's receive buffers per rank
+        self.pending = [{} for _ in range(self.n)]    # OSGP: step -> (sends, receives) not yet complete
 
     # --- building blocks ---
-    def wait(self, r, event):
-        """Rank ``r`` waits for ``event`` (a process step: ``yield from self.wait(r, ev)``)."""
-        if not event.done:
-            yield event
-
     def passes(self, rank, nbytes, count=1.0):
         """``count`` kernel passes over ``nbytes`` on one core (nothing where the method's
         whole step is measured: :attr:`Costs.method_cpu`)."""
@@ -139,8 +135,8 @@ class Steps:
         i = ring.index(r)
         right, block = ring[(i + 1) % n], nbytes / n
         for s in range(2 * (n - 1)):
-            yield from self.wait(r, self.cl.engine.all_of([self.cl.send(r, right, block, key + (s, right)),
-                                                           self.cl.receive(r, key + (s, r))]))
+            yield self.cl.engine.all_of([self.cl.send(r, right, block, key + (s, right)),
+                                         self.cl.receive(r, key + (s, r))])
             if reduce and s < n - 1:
                 yield self.passes(r, block)
 
@@ -187,7 +183,7 @@ class Steps:
         for m in mates:
             if m != r:
                 events += [self.cl.send(r, m, shard, key + (r, m)), self.cl.receive(r, key + (m, r))]
-        yield from self.wait(r, self.cl.engine.all_of(events))
+        yield self.cl.engine.all_of(events)
 
     def _exchange(self, r, k):
         """Post step k's PushSum messages of rank r: (sends, receives) events."""
@@ -200,27 +196,25 @@ class Steps:
         if self.n == 1:
             return
         sends, recvs = self._exchange(r, k)
-        yield from self.wait(r, self.cl.engine.all_of(sends + recvs))
+        yield self.cl.engine.all_of(sends + recvs)
         yield self.passes(r, self.M, 1 + len(recvs))
 
     def _step_osgp(self, r, k):
         if self.n == 1:
             return
         delay = self.arg or 1
-        if not hasattr(self, "_pending"):
-            self._pending = [dict() for _ in range(self.n)]
-        pending = self._pending[r]
+        pending = self.pending[r]
         yield self.passes(r, self.M)  # start(): the share split off into the send buffer
         while True:                   # at most max_delay + 1 sends in flight: wait for the oldest
             sending = [j for j in pending if not all(e.done for e in pending[j][0])]
             if len(sending) <= delay:
                 break
-            yield from self.wait(r, self.cl.engine.all_of(pending[min(sending)][0]))
+            yield self.cl.engine.all_of(pending[min(sending)][0])
         pending[k] = self._exchange(r, k)
         for j in sorted(pending):     # finish(): blocks only on messages of steps < k - max_delay
             sends, recvs = pending[j]
             if j < k - delay or all(e.done for e in recvs):
-                yield from self.wait(r, self.cl.engine.all_of(recvs))
+                yield self.cl.engine.all_of(recvs)
                 if all(e.done for e in sends):
                     del pending[j]
                 else:
@@ -254,13 +248,13 @@ class Steps:
         t = self.rng.randrange(self.n)
         if t != r:   # a shared lock on the target's window: waits while its owner publishes
             lock = self.lock(t)
-            yield from self.wait(r, lock.acquire(exclusive=False))
+            yield lock.acquire(exclusive=False)
             yield self.cl.engine.timeout(self.costs.rma_lock)
-            yield from self.wait(r, self.rma(r, t, self.M, read=True))
+            yield self.rma(r, t, self.M, read=True)
             lock.release(exclusive=False)
         yield self.passes(r, self.M)
         lock = self.lock(r)   # publishing x into its own window, exclusive: waits for readers
-        yield from self.wait(r, lock.acquire())
+        yield lock.acquire()
         yield self.passes(r, self.M)
         lock.release()
 
@@ -269,18 +263,18 @@ class Steps:
             return
         if r % 2 == 1:  # passive: fold the update into its own window
             lock = self.lock(r)
-            yield from self.wait(r, lock.acquire())
+            yield lock.acquire()
             yield self.passes(r, self.M)
             lock.release()
             return
         passive = [p for p in range(self.n) if p % 2 == 1]
         p = passive[self.rng.randrange(len(passive))]
         lock = self.lock(p)
-        yield from self.wait(r, lock.acquire())
+        yield lock.acquire()
         yield self.cl.engine.timeout(self.costs.rma_lock)
-        yield from self.wait(r, self.rma(r, p, self.M, read=True))
+        yield self.rma(r, p, self.M, read=True)
         yield self.passes(r, self.M)
-        yield from self.wait(r, self.rma(r, p, self.M, read=False))
+        yield self.rma(r, p, self.M, read=False)
         lock.release()
 
     def _step_easgd(self, r, k):
@@ -291,10 +285,10 @@ class Steps:
         for j in range(servers):
             s = (r + j) % servers   # every walk starts at the rank's own shard
             lock = self.lock(("center", s))
-            yield from self.wait(r, lock.acquire())
+            yield lock.acquire()
             if s != r:
                 yield self.cl.engine.timeout(self.costs.rma_lock)
-            yield from self.wait(r, self.rma(r, s, shard, read=True))
+            yield self.rma(r, s, shard, read=True)
             yield self.passes(r, shard)
-            yield from self.wait(r, self.rma(r, s, shard, read=False))
+            yield self.rma(r, s, shard, read=False)
             lock.release()

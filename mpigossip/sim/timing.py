@@ -96,7 +96,8 @@ def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0):
     asynchronous one that cannot keep up with its link sends less often).
     """
     cl = Cluster(nodes, ranks_per_node, link_rate=costs.link_rate, latency=costs.latency, cores=costs.cores,
-                 cores_shared=costs.cores_shared, shm_rate=costs.shm_rate, message_cpu=costs.message_cpu, wire_cpu=costs.wire_cpu)
+                 cores_shared=costs.cores_shared, shm_rate=costs.shm_rate, message_cpu=costs.message_cpu,
+                 wire_cpu=costs.wire_cpu)
     run = Steps(method, cl, costs, work, seed)
     for r in range(cl.size):
         cl.engine.process(run.rank(r))
