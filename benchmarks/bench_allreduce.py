@@ -47,7 +47,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rate-gbit", type=float, default=1.0)
     parser.add_argument("--label", default="default")
-    parser.add_argument("--segment-kb", type=int, default=256, help="the rings' segment_bytes / 1024")
+    parser.add_argument("--segment-kb", type=float, nargs="+", default=None,
+                        help="the rings' segment_bytes / 1024 (default: AllreduceAverager's); several: each "
+                             "timed side by side, as ring@KB and node-ring@KB")
     parser.add_argument("--out", default=None)
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="no run: merge these results into OUT.json/.md")
     parser.add_argument("--rate", default="1gbit", help="with --merge: the link rate's name")
@@ -61,15 +63,21 @@ def main():
     for mb in args.sizes_mb:
         n = max(1, int(mb * (1 << 20)) // 4)
         x = np.ones(n, np.float32)
-        avgs = {a: mg.AllreduceAverager(x, comm=comm, algorithm=a, layout=layout, segment_bytes=args.segment_kb << 10)
-                for a in ALGORITHMS}
-        auto = mg.AllreduceAverager(x, comm=comm, layout=layout).algorithm
+        probe = mg.AllreduceAverager(x, comm=comm, layout=layout)
+        auto, default_segment = probe.algorithm, probe.segment_bytes
+        probe.free()
+        segments = [int(kb * 1024) for kb in args.segment_kb] if args.segment_kb else [default_segment]
+        avgs = {"mpi": mg.AllreduceAverager(x, comm=comm, algorithm="mpi", layout=layout)}
+        for seg in segments:
+            for a in ALGORITHMS[1:]:
+                name = a if len(segments) == 1 else f"{a}@{seg / 1024:g}"
+                avgs[name] = mg.AllreduceAverager(x, comm=comm, algorithm=a, layout=layout, segment_bytes=seg)
 
         def raw(x=x):
             comm.Allreduce(MPI.IN_PLACE, x, MPI.SUM)
             np.multiply(x, np.float32(1.0 / comm.size), out=x)
 
-        fns = dict({a: avgs[a].average for a in ALGORITHMS}, raw=raw)
+        fns = dict({a: avg.average for a, avg in avgs.items()}, raw=raw)
         for fn in fns.values():  # warm-up
             fn()
         times = {k: [] for k in fns}
@@ -79,14 +87,14 @@ def main():
         limit = 2 * (nodes - 1) / nodes * x.nbytes / (args.rate_gbit * 1e9 / 8) if nodes > 1 else float("nan")
         med = {k: float(np.median(v)) for k, v in times.items()}
         row = {"mb": mb, "bytes": int(x.nbytes), "ranks": comm.size, "nodes": nodes, "label": args.label,
-               "segment_kb": args.segment_kb,
+               "segment_kb": [seg / 1024 for seg in segments],
                "auto": auto, "limit_ms": limit * 1e3, "ms": {k: v * 1e3 for k, v in med.items()},
                "vs_limit": {k: v / limit for k, v in med.items()},
                "vs_raw": {k: float(np.median(np.array(times[k]) / np.array(times["raw"]))) for k in fns},
                "range_ms": {k: [min(v) * 1e3, max(v) * 1e3] for k, v in times.items()}}
         rows.append(row)
         if comm.rank == 0:
-            print(f"{mb:g} MB, {comm.size} ranks on {nodes} nodes ({args.label}, segments {args.segment_kb} KiB), limit {limit * 1e3:.1f} ms, "
+            print(f"{mb:g} MB, {comm.size} ranks on {nodes} nodes ({args.label}, segments {'/'.join(f'{seg / 1024:g}' for seg in segments)} KiB), limit {limit * 1e3:.1f} ms, "
                   f"auto={auto}: " + ", ".join(f"{k} {row['ms'][k]:.1f} ms ({row['vs_limit'][k]:.2f}x)"
                                                 for k in fns), flush=True)
         for a in avgs.values():
@@ -106,11 +114,12 @@ def merge(paths, out, rate):
     runs = [json.load(open(p)) for p in paths]
     rows = [r for run in runs for r in run["rows"]]
     meta = dict(runs[0]["meta"], launches=[run["meta"]["command"] for run in runs])
+    seg = "/".join(f"{kb:g}" for kb in rows[0]["segment_kb"])
     lines = [f"AllReduce of float32 buffers on 4 emulated nodes at {rate} (`bash benchmarks/allreduce.sh`), "
              f"at {meta['commit']} ({meta['versions']}); medians of {meta['repeats']} interleaved repeats, a round's "
              "time the slowest rank's. limit: 2 (N-1)/N x size at the link's rate (N nodes). `mpi`: "
              "AllreduceAverager over MPI's Allreduce; `raw`: mpi4py's Allreduce + the 1/P pass; `ring`, "
-             "`node-ring`: mpigossip._ring (segments of 256 KiB); `auto`: what AllreduceAverager picks. "
+             f"`node-ring`: mpigossip._ring (segments of {seg} KiB); `auto`: what AllreduceAverager picks. "
              "Ranks per core: 4 ranks = 2 per core, 8 ranks = 4 per core (this machine has 2 cores: the 8-rank "
              "rows are CPU-bound, TCP and the reductions competing).", ""]
     for ranks in sorted({r["ranks"] for r in rows}):

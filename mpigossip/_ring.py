@@ -238,6 +238,13 @@ def _datatype(x):
 #: The allreduce algorithms a user may force (``AllreduceAverager(algorithm=...)``).
 ALGORITHMS = ("auto", "mpi", "ring", "node-ring")
 
+#: The rings' default message size: the largest that Open MPI's TCP transport sends eagerly
+#: (``btl_tcp_eager_limit``, 64 KiB, less its headers). A larger message goes by rendezvous, a
+#: round trip through the receiver's progress: where ranks share cores the receiver is often not
+#: running, and larger segments left the links idle (measured: docs/RESULTS.md, "AllReduce at
+#: the limit").
+SEGMENT_BYTES = 63 << 10
+
 #: Below this many bytes across nodes, MPI's own algorithm (fewer latency rounds) wins; at and
 #: above it the rings do (measured on 4 emulated nodes at 1 Gbit: docs/RESULTS.md, "AllReduce
 #: at the limit").

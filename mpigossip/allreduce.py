@@ -7,7 +7,7 @@ from mpi4py import MPI
 from . import buffers, deadline, failures, kernels
 from ._base import Communicator, check_chunk_bytes
 from ._checks import integer_error
-from ._ring import ALGORITHMS, Layout, NodeRing, Ring
+from ._ring import ALGORITHMS, SEGMENT_BYTES, Layout, NodeRing, Ring
 from ._tolerant import Survives
 from ._tolerant_allreduce import PersistentRing
 from ._wire_allreduce import NodeWireAllreduce, WireAllreduce
@@ -47,7 +47,8 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             or ``"auto"`` (default): MPI's on one node and for small buffers, the
             node-aware ring across nodes with several ranks per node, else the flat ring (the
             crossovers measured: docs/RESULTS.md). Same on every rank.
-        segment_bytes: the rings' message size (256 KiB). Same on every rank.
+        segment_bytes: the rings' message size (63 KiB: sent eagerly by Open MPI's TCP
+            transport). Same on every rank.
         layout: a :class:`mpigossip._ring.Layout` of ``comm`` to share (many averagers on one
             communicator: its sub-communicators are made once); default: its own.
         on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on
@@ -69,7 +70,7 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
     _name = "AllreduceAverager"
 
     def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None, dup=True,
-                 wire=None, algorithm="auto", segment_bytes=256 << 10, layout=None, on_failure="abort"):
+                 wire=None, algorithm="auto", segment_bytes=SEGMENT_BYTES, layout=None, on_failure="abort"):
         super().__init__(comm, timeout, dup=dup)
         error = check_chunk_bytes(chunk_bytes, auto=True) or integer_error(segment_bytes, "segment_bytes", 1)
         if algorithm not in ALGORITHMS:
@@ -85,6 +86,7 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         self._own_layout = layout is None
         self.layout = Layout(self.comm, timeout=self.timeout) if layout is None else layout
         self.algorithm = self.layout.choose(algorithm, self.buffer.nbytes)
+        self.segment_bytes = segment_bytes
         segment = max(1, segment_bytes // self.buffer.dtype.itemsize)
         sync = self.buffer.synchronize if self.buffer.on_device else (lambda: None)
         # start()/finish() always run a flat ring: the node-aware one's node collectives would be
