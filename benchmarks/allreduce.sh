@@ -20,9 +20,13 @@ for spec in "4 node" "8 slot"; do
   for label in default ompi-ring; do
     extra=""
     [ "$label" = ompi-ring ] && extra="--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4"
-    MPIEXEC_EXTRA="$extra" timeout -k 10 1200 tests/cluster/mpiexec -n "$1" --map-by "$2" "$PY" \
-      benchmarks/bench_allreduce.py --rate-gbit "$rate_gbit" --label "$label" --sizes-mb $SIZES \
-      --out "$TMP/$1-$label.json" || echo "benchmarks/allreduce.sh: $1 ranks, $label: failed" >&2
+    for attempt in 1 2; do  # once more after a launcher start-up fault (PMIx's listener thread)
+      MPIEXEC_EXTRA="$extra" timeout -k 10 1200 tests/cluster/mpiexec -n "$1" --map-by "$2" "$PY" \
+        benchmarks/bench_allreduce.py --rate-gbit "$rate_gbit" --label "$label" --sizes-mb $SIZES \
+        --out "$TMP/$1-$label.json" && break
+      [ -s "$TMP/$1-$label.json" ] && break
+      echo "benchmarks/allreduce.sh: $1 ranks, $label: failed (attempt $attempt)" >&2
+    done
   done
 done
 mkdir -p "$OUT"

@@ -248,7 +248,7 @@ SEGMENT_BYTES = 63 << 10
 #: Below this many bytes across nodes, MPI's own algorithm (fewer latency rounds) wins; at and
 #: above it the rings do (measured on 4 emulated nodes at 1 Gbit: docs/RESULTS.md, "AllReduce
 #: at the limit").
-RING_MIN_BYTES = 1 << 19
+RING_MIN_BYTES = 1 << 18
 
 
 class Layout:
