@@ -78,6 +78,10 @@ def build_parser():
     rep.add_argument("--timeout", type=float, default=1800, help="seconds one MPI job may take (default: 1800)")
     rep.add_argument("--resume", action="store_true",
                      help="reuse the jobs already finished in --out (an interrupted reproduction continues)")
+    rep.add_argument("--accuracy-from", metavar="RESULTS_JSON",
+                     help="take the accuracy runs from an earlier reproduction's results.json (same mode and "
+                     "dataset) and run only the timed runs and the simulator: a change to communication re-measured "
+                     "without the hour of accuracy runs")
     commands["timemodel"] = tm = sub.add_parser(
         "timemodel", help="the time model (mpigossip.sim): validate it against P4, predict at scale")
     from .sim import cli as sim_cli
@@ -170,8 +174,9 @@ def _run(args):
         from .train import plot
         return plot.main(args)
     if args.command == "timemodel":
+        from .reproduce import simulate
         from .sim import cli as sim_cli
-        return sim_cli.main(args)
+        return sim_cli.main(args, problem_for=simulate.problem)
     if args.command == "launch":
         from . import slurm
         return slurm.main(args)

@@ -11,22 +11,27 @@
 
 Targets are drawn from :class:`mpigossip.topology.RandomPeers` with ``allow_self=True``:
 a run is reproducible from its seed. Neither mode conserves the global mean exactly.
+
+Push mode survives failed peers with ``on_failure="continue"`` (:mod:`mpigossip._tolerant`:
+persistent requests, the schedule redrawn over the survivors from the same seed); pull mode
+cannot (Open MPI's fault tolerance does not cover one-sided windows).
 """
 
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, deadline, kernels, rma
+from . import buffers, deadline, failures, kernels, rma
 from . import wire as wire_mod
 from . import topology as topo_mod
 from ._base import Communicator, step_tag
 from ._checks import check_integer
+from ._tolerant import PersistentExchange, Survives
 from .periodic import new_with_tau
 
 MODES = ("pull", "push")
 
 
-class Gossip(Communicator):
+class Gossip(Survives, Communicator):
     """Gossip averaging on one flat buffer: one round per :meth:`step`.
 
     Args:
@@ -40,6 +45,11 @@ class Gossip(Communicator):
         timeout: seconds any wait may take before the job is aborted.
         wire: push mode only: ``None`` or a compressed format of :mod:`mpigossip.wire`
             (the pushed copy travels encoded; the receiver averages the decoded values).
+        on_failure: ``"abort"`` or, push mode only, ``"continue"``: the survivors of a failed
+            rank go on, the target schedule drawn over them from the same seed (the round that
+            met the failure leaves ``x`` as it was); persistent requests, one piece, not with
+            ``wire``. ``failures`` records each failure (``step``, ``ranks``, ``size``,
+            ``seconds``), ``members`` the original ranks still taking part.
     """
 
     _name = "Gossip"
@@ -55,9 +65,12 @@ class Gossip(Communicator):
         return None
 
     def __init__(self, x, *, comm, mode="pull", seed=0, tau=1, topology=None, timeout=None,
-                 cuda_aware=None, stage=None, wire=None):
+                 cuda_aware=None, stage=None, wire=None, on_failure="abort"):
         super().__init__(comm, timeout)
-        error = None
+        error = failures.check_on_failure(on_failure, wire)
+        if error is None and on_failure == "continue" and mode == "pull":
+            error = ("Gossip(mode='pull', on_failure='continue'): a pull reads a one-sided window, which Open MPI's "
+                     "fault tolerance (ULFM) does not cover: use mode='push'")
         try:
             if mode not in MODES:
                 raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -66,13 +79,14 @@ class Gossip(Communicator):
                 topology = topo_mod.RandomPeers(peers=1, seed=seed, allow_self=True)
             if not isinstance(topology, topo_mod.Topology):
                 raise TypeError(f"topology must be a mpigossip.topology.Topology, got {topology!r}")
-            self.topology = topology.bind(self.size)
+            self._graph = topology
+            self.topology = self._bind_topology()
             if wire is not None and mode != "push":
                 raise ValueError(f"wire={wire!r} needs mode='push' (a pull reads the window's own dtype)")
         except (TypeError, ValueError) as exc:
-            error = str(exc)
+            error = error or str(exc)
         self._validate(error)
-        self.buffer = self._check_buffer(x, name="x", wire=wire)
+        self.buffer = self._check_buffer(x, name="x", wire=wire, same={"mode": mode, "on_failure": on_failure})
         self.wire = wire
         self._code = None if wire is None else wire_mod.Wire(wire, self.buffer.dtype)
         self._send = None  # wire bytes of x (push with a wire format)
@@ -83,8 +97,13 @@ class Gossip(Communicator):
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._recv = []
         self.win = None
+        self.members, self.failures = list(range(self.size)), []
         if mode == "pull":
             self._open_window()
+        self._tolerate(on_failure, lambda: PersistentExchange(self, weighted=False))
+
+    def _bind_topology(self):
+        return self._graph.bind(self.size)
 
     def _open_window(self):
         itemsize = self.buffer.dtype.itemsize
@@ -123,11 +142,32 @@ class Gossip(Communicator):
     def step(self):
         """One gossip round (collective only in push mode, where receivers wait for senders)."""
         self._check_open()
+        if self._exchange is not None:
+            return self._tolerant_step(lambda k: self._exchange.run(*self._mixing(k), f"step (round {k})"))
         if self.mode == "pull":
             self._pull()
         else:
             self._push()
         self.steps += 1
+
+    def _mixing(self, r):
+        """``(own weight, outs, ins, their weights)`` of push round r: x is averaged with what
+        arrived, a self-push counting twice (Jin et al.)."""
+        (target,) = self.topology.out_peers(self.rank, r)
+        senders = [s for s in self.topology.in_peers(self.rank, r) if s != self.rank]
+        self.last_peers = [target]
+        own = 2.0 if target == self.rank else 1.0
+        total = own + len(senders)
+        return own / total, ([] if target == self.rank else [target]), senders, [1.0 / total] * len(senders)
+
+    def _acquire(self):
+        self.buffer.acquire()
+
+    def _release(self):
+        self.buffer.release()
+
+    def _combine(self, self_weight, parts, weights):
+        kernels.weighted_sum(self.buffer.array, self.buffer.array, self_weight, parts, weights)
 
     def _pull(self):
         r = self.steps
@@ -148,15 +188,13 @@ class Gossip(Communicator):
     def _push(self):
         r = self.steps
         tag = step_tag(r)
-        (target,) = self.topology.out_peers(self.rank, r)
-        senders = [s for s in self.topology.in_peers(self.rank, r) if s != self.rank]
-        self.last_peers = [target]
+        own, outs, senders, weights = self._mixing(r)
         requests, peers = [], []
         self.buffer.synchronize()
         for j, src in enumerate(senders):
             requests.append(self.comm.Irecv(self._recv_slot(j).spec, source=src, tag=tag))
             peers.append(src)
-        if target != self.rank:
+        for target in outs:
             send = self._x
             if self._code is not None:
                 if self._send is None:
@@ -167,22 +205,21 @@ class Gossip(Communicator):
             requests.append(self.comm.Isend(send.spec, dest=target, tag=tag))
             peers.append(target)
         self._wait(requests, f"step (round {r})", peer=lambda pending: sorted({peers[i] for i in pending}))
-        own = 2.0 if target == self.rank else 1.0  # Jin et al.: a self-push counts twice
-        total = own + len(senders)
         recvs = []
         for j in range(len(senders)):
             self._recv[j].after_recv()
             recvs.append(self._recv[j].buffer.array)
         if self._code is None:
-            kernels.weighted_sum(self.buffer.array, self.buffer.array, own / total, recvs,
-                                 [1.0 / total] * len(recvs))
+            kernels.weighted_sum(self.buffer.array, self.buffer.array, own, recvs, weights)
         else:
-            self._code.decode_sum(self.buffer.array, self.buffer.array, own / total, recvs,
-                                  [1.0 / total] * len(recvs))
+            self._code.decode_sum(self.buffer.array, self.buffer.array, own, recvs, weights)
         self.buffer.release()
 
     def free(self):
-        """Release the window and communicator (collective)."""
+        """Release the window and communicator (collective), and the persistent requests if no
+        failure was met."""
+        if not self.closed and self._exchange is not None and not self.failures:
+            self._exchange.free()
         if self.win is not None and self.win != MPI.WIN_NULL:
             deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.free")
             self.win.Free()

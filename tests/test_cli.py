@@ -80,7 +80,8 @@ def test_bipartite_needs_an_even_world_size_even_alone():
     (["--kill", "2:5"], "--kill '2:5': rank must be in [0, 2)"),
     (["--algorithm", "easgd", "--on-failure", "continue"], "which Open MPI's fault tolerance (ULFM) does not cover"),
     (["--algorithm", "allreduce", "--on-failure", "continue"], "--on-failure continue: allreduce: the survivors go on "
-                                                               "for allreduce-params, sgp and dpsgd only so far"),
+                                                               "for allreduce-params, sgp, dpsgd and gossip-push "
+                                                               "only so far"),
     (["--on-failure", "continue", "--out", "o", "--checkpoint-every", "5"],
      "--on-failure continue does not take --checkpoint-every yet"),
     (["--on-failure", "continue", "--hierarchical"], "--on-failure continue does not take --hierarchical"),

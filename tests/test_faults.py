@@ -141,9 +141,10 @@ def survivors(out):
     (3, ["--victim", "0", "--die", "0"]),                    # rank 0, before its first step
     (4, ["--victim", "1", "--algo", "dpsgd"]),
     (4, ["--victim", "2", "--algo", "allreduce", "--mb", "4", "--mid"]),
+    (4, ["--victim", "1", "--algo", "gossip-push", "--mb", "4", "--mid"]),
 ])
 def test_survivors_of_a_killed_rank_go_on(n, args):
-    """PushSum, D-PSGD and AllreduceAverager with on_failure="continue" under ULFM: a rank
+    """PushSum, D-PSGD, AllreduceAverager and gossip push with on_failure="continue" under ULFM: a rank
     SIGKILLs itself; every survivor learns
     it in that step, recovers within 15 s and takes every step; the failure is recorded alike
     everywhere; Σx and Σw are conserved over the survivors afterwards and Σw plus the weight

@@ -152,6 +152,28 @@ def test_resume_reuses_a_finished_job_and_reruns_an_incomplete_one(tmp_path):
     assert "reused" in (tmp_path / "jobs.log").read_text()
 
 
+def test_accuracy_from_reuses_only_this_modes_grid(tmp_path):
+    """--accuracy-from: an earlier run's accuracy records are taken only if they hold the whole
+    grid the mode would run; anything else is refused with one line (exit 1), before any job."""
+    from mpigossip import reproduce
+    from mpigossip.reproduce import experiments as E
+    quick = E.for_problem(E.SETTINGS["quick"], "fashion-mnist")
+    grid = [{"world_size": p, "lr": lr, "seed": seed, "steps": quick["steps"], "curve": []}
+            for p in quick["sizes"] for lr in quick["lrs"] for seed in quick["seeds"]]
+    good = tmp_path / "results.json"
+    good.write_text(json.dumps({"accuracy_runs": grid}))
+    assert reproduce.reused_accuracy_runs(str(good), quick) == grid
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"accuracy_runs": grid[1:]}))
+    with pytest.raises(ValueError, match="not this mode's grid"):
+        reproduce.reused_accuracy_runs(str(short), quick)
+    p = subprocess.run([sys.executable, "-m", "mpigossip", "reproduce", "--quick", "--out", str(tmp_path / "r"),
+                        "--accuracy-from", str(short), "--mpiexec", "false"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 1 and "not this mode's grid" in p.stderr, p.stderr
+    assert not (tmp_path / "r" / "jobs.log").read_text()  # nothing launched
+
+
 def test_reproduce_reports_a_failed_job(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpigossip", "reproduce", "--quick", "--out", str(tmp_path),
                         "--mpiexec", "false"], capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -38,9 +38,14 @@ def main(args):
     timed_error = None
     with open(os.path.join(args.out, "jobs.log"), "a" if args.resume else "w") as log:
         try:
-            records = experiments.accuracy_runs(experiments.Launcher(mpiexec, log, timeout=args.timeout, resume=args.resume),
-                                                args.out, setting, args.quick, progress, flags)
-        except RuntimeError as exc:
+            if args.accuracy_from:
+                records = reused_accuracy_runs(args.accuracy_from, setting)
+                progress(f"accuracy runs: {len(records)} reused from {args.accuracy_from}")
+            else:
+                records = experiments.accuracy_runs(
+                    experiments.Launcher(mpiexec, log, timeout=args.timeout, resume=args.resume),
+                    args.out, setting, args.quick, progress, flags)
+        except (RuntimeError, ValueError) as exc:
             print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
             return 1
         try:
@@ -89,6 +94,9 @@ def main(args):
               f"- simulator: softmax regression on the synthetic data, plain SGD, batch 16, {setting['sim_steps']} steps, "
               f"lr {', '.join(map(str, simulate.SIM_LRS))}",
               "- verdicts: computed by the rule stated under each finding (mpigossip/reproduce/findings.py)"]
+    if args.accuracy_from:
+        header.append(f"- **the accuracy runs are reused** from `{os.path.basename(args.accuracy_from)}` of an earlier "
+                      "run (`--accuracy-from`): the commit above made the timed runs and the simulator only")
     if timed_error:
         header.append(f"- **the timed runs failed**: {timed_error}")
     path = report.write(args.out, findings=judged, records=records, timed=timed, sim_records=sim_records,
@@ -97,3 +105,21 @@ def main(args):
     for f in judged:
         print(f"  ({f.key}) {f.verdict}: {f.claim}")
     return 1 if timed_error else 0
+
+
+def reused_accuracy_runs(path, setting):
+    """The accuracy runs of an earlier ``results.json``; ``ValueError`` unless they are the
+    grid ``setting`` would run (its world sizes, step sizes, seeds and steps)."""
+    try:
+        with open(path) as f:
+            records = json.load(f)["accuracy_runs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--accuracy-from {path}: not a reproduction's results.json ({exc})") from None
+    grid = {(r["world_size"], float(r["lr"]), r["seed"], r["steps"]) for r in records}
+    want = {(p, float(lr), seed, setting["steps"]) for p in setting["sizes"] for lr in setting["lrs"]
+            for seed in setting["seeds"]}
+    if not records or not want <= grid:
+        raise ValueError(f"--accuracy-from {path}: its accuracy runs are not this mode's grid (world sizes "
+                         f"{setting['sizes']}, step sizes {setting['lrs']}, seeds {setting['seeds']}, "
+                         f"{setting['steps']} steps)")
+    return records

@@ -1,13 +1,15 @@
-"""``python -m mpigossip timemodel {validate,predict}``: the time model from its calibration
-(no MPI).
+"""``python -m mpigossip timemodel {validate,predict,accuracy}``: the time model from its
+calibration (no MPI).
 
 * ``validate P4.json ...``: the P4 rows predicted beside their measurements
   (:mod:`.validation`), nothing refitted;
 * ``predict``: steps per second per rank of each method as ranks and link rate grow
-  (:mod:`.scaling`).
+  (:mod:`.scaling`);
+* ``accuracy``: time to a target accuracy, the accuracy simulator joined to the predictions
+  (:mod:`.accuracy_time`), with a map of the method first to the target (``--out``).
 
-Both print markdown and, with ``--out DIR``, write ``DIR/timemodel-{validate,predict}.{md,json}``
-recording the commit, the versions and the calibration used.
+Each prints markdown and, with ``--out DIR``, writes ``DIR/timemodel-WHAT.{md,json}`` recording
+the commit, the versions and the calibration used.
 """
 
 import json
@@ -15,7 +17,7 @@ import os
 import sys
 
 from .. import provenance
-from . import scaling
+from . import accuracy_time, scaling
 from .timing import Costs
 
 
@@ -34,6 +36,21 @@ def add_arguments(parser):
     pre.add_argument("--methods", nargs="+", default=list(scaling.DEFAULT_METHODS),
                      help="default: " + " ".join(scaling.DEFAULT_METHODS))
     pre.add_argument("--steps", type=int, default=10, help="steps simulated per rank (default: 10)")
+    acc = sub.add_parser("accuracy", help="time to a target accuracy as ranks and link rate grow, and a map of "
+                         "the method first to it")
+    acc.add_argument("--ranks", type=int, nargs="+", default=[16, 64, 256])
+    acc.add_argument("--per-node", type=int, default=8, help="ranks per node, a core each (default: 8)")
+    acc.add_argument("--rate-gbit", type=float, nargs="+", default=[1, 10, 100])
+    acc.add_argument("--mb", type=float, default=100, help="model size in MB (default: 100)")
+    acc.add_argument("--compute-ms", type=float, default=100, help="compute per step, a GPU's (default: 100)")
+    acc.add_argument("--methods", nargs="+", default=list(accuracy_time.CURVE_OF),
+                     help="default: " + " ".join(accuracy_time.CURVE_OF))
+    acc.add_argument("--steps", type=int, default=10, help="steps of the time model per rank (default: 10)")
+    acc.add_argument("--sim-steps", type=int, default=400, help="SGD steps of the accuracy simulator (default: 400)")
+    acc.add_argument("--lr", type=float, default=0.05, help="the accuracy simulator's step size (default: 0.05)")
+    acc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    acc.add_argument("--drop", type=float, default=0.01,
+                     help="target: AllReduce's final accuracy at that p less this (default: 0.01)")
 
 
 def _meta(costs_path):
@@ -44,17 +61,29 @@ def _meta(costs_path):
             "calibration": costs_path, "calibration_meta": calibration.get("meta", {})}
 
 
-def main(args):
+def main(args, problem_for=None):
+    """``problem_for(seed)``: the accuracy simulator's problem (``accuracy``; the command line
+    passes the reproduction's synthetic softmax regression)."""
     costs = Costs.load(args.costs)
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    extra = {}
     if args.what == "validate":
         from . import validation
         rows = validation.p4_table(args.p4, costs)
         text = validation.markdown(rows)
+    elif args.what == "accuracy":
+        schemes = sorted({accuracy_time.CURVE_OF[m] for m in args.methods if m in accuracy_time.CURVE_OF})
+        accuracy = accuracy_time.accuracy_steps(problem_for, args.ranks, schemes=schemes, steps=args.sim_steps,
+                                                lr=args.lr, seeds=args.seeds, drop=args.drop, progress=progress)
+        rows = accuracy_time.time_to_accuracy(costs, accuracy, rates_gbit=args.rate_gbit, per_node=args.per_node,
+                                              mb=args.mb, compute=args.compute_ms / 1e3, methods=args.methods,
+                                              time_steps=args.steps, progress=progress)
+        text = accuracy_time.markdown(rows, accuracy)
+        extra = {"accuracy": {str(p): a for p, a in accuracy.items()}}
     else:
         rows = scaling.predict(costs, ranks=args.ranks, rates_gbit=args.rate_gbit, per_node=args.per_node,
                                mb=args.mb, compute=args.compute_ms / 1e3,
-                               methods=tuple(args.methods), steps=args.steps,
-                               progress=lambda line: print(line, file=sys.stderr, flush=True))
+                               methods=tuple(args.methods), steps=args.steps, progress=progress)
         text = scaling.markdown(rows)
     print(text)
     if args.out:
@@ -62,9 +91,14 @@ def main(args):
         meta = _meta(args.costs)
         base = os.path.join(args.out, f"timemodel-{args.what}")
         with open(base + ".json", "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            json.dump({"meta": meta, "rows": rows, **extra}, f, indent=1)
+        figure = ""
+        if args.what == "accuracy":
+            from .figures import winner_map
+            winner_map(rows, base + ".png")
+            figure = f"![the method first to the target]({os.path.basename(base)}.png)\n\n"
         with open(base + ".md", "w") as f:
             f.write(f"Time model ({args.what}) at {meta['commit']} ({meta['versions']}), calibration "
                     f"`{args.costs}` (measured at {meta['calibration_meta'].get('commit', '?')}): "
-                    f"`{meta['command']}`\n\n{text}\n")
+                    f"`{meta['command']}`\n\n{figure}{text}\n")
     return 0

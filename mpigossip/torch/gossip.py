@@ -23,16 +23,23 @@ class GossipPull(_Periodic):
 
 class GossipPush(GossipPull):
     """Gossiping SGD, push variant, every ``tau`` steps. With ``hierarchical=True``: the
-    exact mean inside each node (shared memory) at every step, gossip between nodes."""
+    exact mean inside each node (shared memory) at every step, gossip between nodes.
+
+    ``on_failure="continue"`` (flat only): the survivors of a failed rank go on, as for
+    :class:`~mpigossip.torch.SGP`, pushing to targets drawn over them."""
 
     name = "gossip-push"
     mode = "push"
 
-    def __init__(self, model, *, comm, tau=1, seed=0, hierarchical=False, node_size=None, wire=None, timeout=None):
+    def __init__(self, model, *, comm, tau=1, seed=0, hierarchical=False, node_size=None, wire=None,
+                 on_failure="abort", timeout=None):
         self.hierarchical, self.node_size, self.wire = bool(hierarchical), node_size, wire
+        self._check_on_failure(on_failure, hierarchical and "needs the flat gossip, not hierarchical")
         super().__init__(model, comm=comm, tau=tau, seed=seed, timeout=timeout)
 
     def _make(self, array):
         if not self.hierarchical:
-            return super()._make(array)
+            extra = {} if self.on_failure == "abort" else {"on_failure": self.on_failure}
+            return self._every(Gossip(array, comm=self.comm, mode=self.mode, seed=self.seed, timeout=self.timeout,
+                                      wire=self.wire, **extra))
         return self._every(self._hierarchical(array, Gossip, mode="push", seed=self.seed, wire=self.wire))

@@ -1,4 +1,4 @@
-"""PushSum, D-PSGD and AllreduceAverager with on_failure="continue" while no rank fails: the
+"""PushSum, D-PSGD, AllreduceAverager and gossip push with on_failure="continue" while no rank fails: the
 same results as the default paths, bit for bit, on every buffer kind (their persistent requests,
 one-piece combine and ring must not change the arithmetic: integer data, exact in any order),
 and their misuse refused alike on every rank. A rank that does fail: tests/test_faults.py
@@ -118,6 +118,26 @@ def test_tolerant_dpsgd_and_mean_are_bitwise_the_default(kind, stage):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_tolerant_gossip_push_is_bitwise_the_default(kind, stage):
+    """The same targets from the seed, and the same fused average of the same messages in the
+    same order, self-pushes (weight 2) included: the same bits."""
+    c = comm()
+    host = integer_data()
+    x, ref = make(kind, host), host.copy()
+    tolerant = _quiet(mg.Gossip, x, comm=c, mode="push", seed=11, stage=stage, on_failure="continue")
+    plain = mg.Gossip(ref, comm=c, mode="push", seed=11)
+    for _ in range(6):
+        tolerant.step()
+        plain.step()
+        assert tolerant.last_peers == plain.last_peers
+        np.testing.assert_array_equal(to_host(x), ref)
+    assert tolerant.failures == [] and tolerant.members == list(range(c.size)) and tolerant.steps == 6
+    tolerant.free()
+    plain.free()
+
+
+@pytest.mark.mpi(min_size=1)
 def test_tolerant_mean_misuse_is_refused():
     c = comm()
     y = np.ones(16)
@@ -125,6 +145,10 @@ def test_tolerant_mean_misuse_is_refused():
         mg.AllreduceAverager(y, comm=c, on_failure="continue", wire="int8")
     with pytest.raises(ValueError, match="on_failure must be one of"):
         mg.DPSGD(y, comm=c, on_failure=True)
+    with pytest.raises(ValueError, match="a pull reads a one-sided window, which Open MPI's fault tolerance"):
+        mg.Gossip(y, comm=c, mode="pull", on_failure="continue")
+    with pytest.raises(ValueError, match="on_failure='continue' moves the buffer's own dtype, not wire='bf16'"):
+        mg.Gossip(y, comm=c, mode="push", wire="bf16", on_failure="continue")
     avg = _quiet(mg.AllreduceAverager, y, comm=c, on_failure="continue")
     with pytest.raises(RuntimeError, match="survives failures in average\\(\\) only"):
         avg.start()
@@ -147,6 +171,13 @@ def test_torch_wrappers_refuse_what_continue_does_not_cover():
                       on_failure="continue")
     with pytest.raises(ValueError, match="needs the flat D-PSGD, not hierarchical"):
         mgt.DPSGD(torch.nn.Linear(3, 2), comm=c, hierarchical=True, on_failure="continue")
+    with pytest.raises(ValueError, match="needs the flat gossip, not hierarchical"):
+        mgt.GossipPush(torch.nn.Linear(3, 2), comm=c, hierarchical=True, on_failure="continue")
+    push = _quiet(mgt.GossipPush, torch.nn.Linear(3, 2), comm=c, tau=2, on_failure="continue")
+    for _ in range(3):
+        push.step()
+    assert push.failures == [] and push.comms[0].exchanges == 1
+    push.free()
     algo = _quiet(mgt.AllReduce, torch.nn.Linear(3, 2), comm=c, on_failure="continue")
     algo.step()
     assert algo.failures == [] and len(algo.comms) == 1
