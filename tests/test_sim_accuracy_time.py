@@ -83,3 +83,34 @@ def test_the_accuracy_command_writes_table_json_and_map(tmp_path):
     assert data["meta"]["calibration"] == CALIBRATION
     assert (tmp_path / "timemodel-accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "](timemodel-accuracy.png)" in (tmp_path / "timemodel-accuracy.md").read_text()
+
+
+def test_steps_to_target_reads_simulator_records():
+    def rec(scheme, p, seed, acc, lr=0.05):
+        return {"scheme": scheme, "p": p, "seed": seed, "lr": lr, "steps": [0, 10, 20], "accuracy": acc}
+    records = [rec("allreduce", 16, 0, [0.1, 0.7, 0.9]), rec("sgp", 16, 0, [0.1, 0.5, 0.895]),
+               rec("easgd", 16, 0, [0.1, 0.2, 0.3]), rec("allreduce", 16, 0, [0.1, 0.1, 0.1], lr=1.0)]
+    acc = AT.steps_to_target(records, lr=0.05, drop=0.01)
+    assert acc == {16: {"target": pytest.approx(0.89), "steps": {"allreduce": 20.0, "sgp": 20.0, "easgd": None}}}
+    with pytest.raises(ValueError, match="no AllReduce run at p = 16, seed 0, lr 0.05"):
+        AT.steps_to_target(records[1:3], lr=0.05)
+
+
+def test_measured_firsts_from_a_reproductions_timed_runs(tmp_path):
+    """The method first to the reproduction's target (95% of the lowest final accuracy without
+    a straggler), by the median over repeats, per case."""
+    from mpigossip.sim.cli import measured_firsts
+
+    def run(algorithm, case, repeat, times, final=0.8):
+        curve = [{"time_s": t, "accuracy": a} for t, a in zip(times, (0.2, 0.5, 0.8))]
+        return {"algorithm": algorithm, "case": case, "repeat": repeat, "world_size": 8, "final_accuracy": final,
+                "curve": curve}
+    timed = [run("allreduce", "normal", k, (1, 5, 9)) for k in range(3)]
+    timed += [run("sgp", "normal", k, (1, 3, t)) for k, t in enumerate((6, 99, 7))]
+    timed += [run("allreduce", "straggler", 0, (2, 9, 17)), run("agp", "straggler", 0, (1, 6, 10))]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"timed_runs": timed}))
+    got = measured_firsts(str(path), 1.0)
+    # target 0.76: reached at the third point; SGP's median over (6, 99, 7) is 7 < AllReduce's 9
+    assert got == [(1.0, 8, 1.0, "sgp", "sgp 7.0 s, AllReduce 9.0 s"),
+                   (2.0, 8, 1.0, "agp", "agp 10.0 s, AllReduce 17.0 s")]

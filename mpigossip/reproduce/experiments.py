@@ -63,7 +63,7 @@ SETTINGS = {
 #: In quick mode p = 16 runs only the methods finding (d) compares, at the small step size.
 QUICK_P16 = {"algorithms": ("allreduce", "easgd", "gossip-push"), "lrs": (0.01,)}
 
-#: The timed runs: the same problem, an MLP of ``timed_width`` hidden units (0.8 MB of
+#: The timed runs: the same problem, an MLP of ``timed_width`` hidden units (1.08 MB of
 #: parameters at 256 on Fashion-MNIST, like the network benchmark's P4 model), the large step
 #: size, and a fixed compute model (``--compute-ms``: every step sleeps the same time, rank 1
 #: twice that with the straggler) long enough that computation, not the 2 shared cores or the

@@ -19,7 +19,7 @@ import numpy as np
 from .scaling import predict
 from .sgd import run_sgd
 
-__all__ = ["CURVE_OF", "accuracy_steps", "time_to_accuracy", "winners", "markdown"]
+__all__ = ["CURVE_OF", "accuracy_steps", "steps_to_target", "time_to_accuracy", "winners", "markdown"]
 
 #: The accuracy simulator's scheme whose steps each time-model method takes.
 CURVE_OF = {"allreduce": "allreduce", "sgp": "sgp", "osgp:2": "sgp", "agp": "sgp", "gossip-pull": "gossip-pull",
@@ -35,7 +35,7 @@ def steps_to(curve, target):
 
 
 def accuracy_steps(problem_for, ranks, *, schemes, steps, lr, seeds=(0,), drop=0.01, evals=50, progress=None):
-    """Steps to the target of each scheme at each ``p``, the median over seeds.
+    """Run the accuracy simulator and give :func:`steps_to_target` of its runs.
 
     Args:
         problem_for: ``problem_for(seed)`` -> a problem for :func:`~.sgd.run_sgd`.
@@ -44,27 +44,42 @@ def accuracy_steps(problem_for, ranks, *, schemes, steps, lr, seeds=(0,), drop=0
         steps, lr: SGD steps and step size of every run.
         drop: the target is AllReduce's final accuracy at that ``p`` and seed less this.
         evals: evaluations per run (the resolution of the step counts).
+    """
+    schemes = tuple(dict.fromkeys(("allreduce",) + tuple(schemes)))
+    records = []
+    for seed in seeds:
+        problem = problem_for(seed)
+        for p in ranks:
+            for s in schemes:
+                if progress:
+                    progress(f"accuracy: p = {p}, seed {seed}: {s}")
+                r = run_sgd(problem, s, p, steps=steps, lr=lr, seed=seed, eval_every=max(1, steps // evals))
+                records.append({**r, "seed": seed})
+    return steps_to_target(records, lr=lr, drop=drop)
+
+
+def steps_to_target(records, *, lr, drop=0.01):
+    """Steps to the target of each scheme at each ``p`` in :func:`~.sgd.run_sgd` records (each
+    with its ``seed``) of step size ``lr``: the target at a ``p`` and seed is AllReduce's final
+    accuracy there less ``drop``; the median over seeds.
 
     Returns:
         ``{p: {"target": mean target, "steps": {scheme: median steps, or None when most seeds
         never reached it}}}``.
     """
-    schemes = tuple(dict.fromkeys(("allreduce",) + tuple(schemes)))
     out = {}
-    for p in ranks:
-        found = {s: [] for s in schemes}
-        targets = []
-        for seed in seeds:
-            problem = problem_for(seed)
-            curves = {}
-            for s in schemes:
-                if progress:
-                    progress(f"accuracy: p = {p}, seed {seed}: {s}")
-                curves[s] = run_sgd(problem, s, p, steps=steps, lr=lr, seed=seed, eval_every=max(1, steps // evals))
-            target = curves["allreduce"]["accuracy"][-1] - drop
+    chosen = [r for r in records if r["lr"] == lr]
+    for p in sorted({r["p"] for r in chosen}):
+        at = [r for r in chosen if r["p"] == p]
+        found, targets = {}, []
+        for seed in sorted({r["seed"] for r in at}):
+            runs = {r["scheme"]: r for r in at if r["seed"] == seed}
+            if "allreduce" not in runs:
+                raise ValueError(f"no AllReduce run at p = {p}, seed {seed}, lr {lr}: it sets the target")
+            target = runs["allreduce"]["accuracy"][-1] - drop
             targets.append(target)
-            for s in schemes:
-                found[s].append(steps_to(curves[s], target))
+            for scheme, r in runs.items():
+                found.setdefault(scheme, []).append(steps_to(r, target))
         out[p] = {"target": float(np.mean(targets)), "steps": {s: _median(v) for s, v in found.items()}}
     return out
 

@@ -51,6 +51,10 @@ def add_arguments(parser):
     acc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     acc.add_argument("--drop", type=float, default=0.01,
                      help="target: AllReduce's final accuracy at that p less this (default: 0.01)")
+    acc.add_argument("--measured", metavar="RESULTS_JSON",
+                     help="a reproduction's results.json whose timed runs (measured on a cluster: pass the "
+                          "same --mb and --compute-ms as theirs) put the method first to their target on the map")
+    acc.add_argument("--measured-gbit", type=float, default=1.0, help="the link rate they ran at (default: 1)")
 
 
 def _meta(costs_path):
@@ -95,10 +99,45 @@ def main(args, problem_for=None):
         figure = ""
         if args.what == "accuracy":
             from .figures import winner_map
-            winner_map(rows, base + ".png")
+            measured = measured_firsts(args.measured, args.measured_gbit) if args.measured else []
+            winner_map(rows, base + ".png", measured)
+            if measured:
+                text += "\n\nMeasured (stars on the map): " + "; ".join(
+                    f"{p} ranks at {rate:g} Gbit, {'no straggler' if f == 1.0 else f'rank 1 {f:g}x slow'}: {label}"
+                    for f, p, rate, _, label in measured)
             figure = f"![the method first to the target]({os.path.basename(base)}.png)\n\n"
         with open(base + ".md", "w") as f:
             f.write(f"Time model ({args.what}) at {meta['commit']} ({meta['versions']}), calibration "
                     f"`{args.costs}` (measured at {meta['calibration_meta'].get('commit', '?')}): "
                     f"`{meta['command']}`\n\n{figure}{text}\n")
     return 0
+
+
+#: The reproduction's timed cases, as the time model's straggler factors.
+_CASES = {"normal": 1.0, "straggler": 2.0}
+
+
+def measured_firsts(path, rate_gbit):
+    """``(factor, ranks, rate, method, label)`` per timed case of a reproduction's results.json:
+    the method first to the target (95% of the lowest final accuracy without a straggler, the
+    reproduction's), by the median over repeats of its training time to it."""
+    import numpy as np
+    with open(path) as f:
+        timed = json.load(f)["timed_runs"]
+    normal = [r for r in timed if r["case"] == "normal"]
+    if not normal:
+        return []
+    target = 0.95 * min(r["final_accuracy"] for r in normal)
+    out = []
+    for case, factor in _CASES.items():
+        times = {}
+        for r in (r for r in timed if r["case"] == case):
+            t = next((c["time_s"] for c in r["curve"] if c["accuracy"] >= target), None)
+            times.setdefault(r["algorithm"], []).append(np.inf if t is None else t)
+        medians = {m: float(np.median(v)) for m, v in times.items()}
+        if medians and min(medians.values()) < np.inf:
+            first = min(medians, key=medians.get)
+            label = f"{first} {medians[first]:.1f} s" + (
+                f", AllReduce {medians['allreduce']:.1f} s" if "allreduce" in medians and first != "allreduce" else "")
+            out.append((factor, timed[0]["world_size"], rate_gbit, first, label))
+    return out

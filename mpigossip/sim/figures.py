@@ -10,8 +10,8 @@ def winner_map(rows, path, measured=()):
     Args:
         rows: :func:`~.accuracy_time.time_to_accuracy`'s rows.
         path: the PNG to write.
-        measured: ``(ranks, rate_gbit, method, label)`` points measured on a real or emulated
-            cluster, drawn as markers at the left of the map.
+        measured: ``(straggler factor, ranks, rate_gbit, method, label)``: the method measured
+            first on a real or emulated cluster, drawn as a star in its panel.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -19,9 +19,9 @@ def winner_map(rows, path, measured=()):
 
     best = winners(rows)
     factors = sorted({k[0] for k in best})
-    ranks = sorted({k[1] for k in best} | {m[0] for m in measured})
-    rates = sorted({k[2] for k in best} | {m[1] for m in measured})
-    methods = sorted({v[0] for v in best.values() if v} | {m[2] for m in measured})
+    ranks = sorted({k[1] for k in best} | {m[1] for m in measured})
+    rates = sorted({k[2] for k in best} | {m[2] for m in measured})
+    methods = sorted({v[0] for v in best.values() if v} | {m[3] for m in measured})
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
     fig, axes = plt.subplots(1, len(factors), figsize=(4.2 * len(factors), 3.6), squeeze=False)
     for ax, factor in zip(axes[0], factors):
@@ -33,7 +33,7 @@ def winner_map(rows, path, measured=()):
                 ax.add_patch(plt.Rectangle((i - 0.5, j - 0.5), 1, 1, color=colours[win[0]], alpha=0.55))
                 ratio = "" if win[2] is None else f"\n{win[2]:.2f}x AR"
                 ax.text(i, j, f"{win[0]}{ratio}", ha="center", va="center", fontsize=7)
-        for p, rate, method, label in measured:
+        for _, p, rate, method, label in (m for m in measured if m[0] == factor):
             ax.plot(ranks.index(p), rates.index(rate), marker="*", markersize=14, color=colours[method],
                     markeredgecolor="black")
             ax.annotate(label, (ranks.index(p), rates.index(rate)), textcoords="offset points", xytext=(0, -16),

@@ -76,5 +76,5 @@ def markdown(rows):
             out.append(f"| {p} | {rate:g} | " + " | ".join(text) + " |")
         out.append("")
     out.append("Steps per second are not time to accuracy: a method that moves fewer models per step mixes "
-               "less, and its steps count for less (not yet joined with the accuracy simulator).")
+               "less, and its steps count for less (`timemodel accuracy` joins the accuracy simulator's steps).")
     return "\n".join(out)
