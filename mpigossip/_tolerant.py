@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, failures
+from . import buffers, failures, kernels
 
 _X_TAG, _W_TAG = 1, 2
 
@@ -163,6 +163,18 @@ class Survives:
         self.members = [m for r, m in enumerate(self.members) if r not in gone]
         self._skip = rec.step - entry
         self.steps = entry + 1
+
+    def _acquire(self):
+        """Before the combine writes the buffer (PushSum also orders its weight and ``z``)."""
+        self.buffer.acquire()
+
+    def _release(self):
+        self.buffer.release()
+
+    def _combine(self, self_weight, parts, weights):
+        """``x = self_weight * x + sum_j weights[j] * parts[j]``: an unweighted mixing step
+        (D-PSGD, gossip push); PushSum overrides it to mix its weight and ``z`` too."""
+        kernels.weighted_sum(self.buffer.array, self.buffer.array, self_weight, parts, weights)
 
     def _rebind(self):
         """After a shrink: the graph over the survivors (the communicator's ``_bind_topology``)."""

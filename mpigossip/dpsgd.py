@@ -11,7 +11,7 @@ symmetric ``W`` (Metropolis-Hastings or lazy weights); a directed regular graph
 (``ExponentialGraph``) is doubly stochastic too and is accepted.
 """
 
-from . import buffers, failures, kernels
+from . import buffers, failures
 from . import topology as topo_mod
 from ._base import Communicator, check_chunk_bytes, step_tag
 from ._pipeline import Pipeline, bind_mixing
@@ -77,15 +77,6 @@ class DPSGD(Survives, Communicator):
         ins = self.topology.in_peers(self.rank, k)
         weights = [self.topology.mixing_weights(src, k)[1][self.rank] for src in ins]
         return self_weight, sorted(out_weights), ins, weights
-
-    def _acquire(self):
-        self.buffer.acquire()
-
-    def _release(self):
-        self.buffer.release()
-
-    def _combine(self, self_weight, parts, weights):
-        kernels.weighted_sum(self.buffer.array, self.buffer.array, self_weight, parts, weights)
 
     def step(self):
         """One averaging round with this step's neighbours (collective over the graph)."""

@@ -160,15 +160,6 @@ class Gossip(Survives, Communicator):
         total = own + len(senders)
         return own / total, ([] if target == self.rank else [target]), senders, [1.0 / total] * len(senders)
 
-    def _acquire(self):
-        self.buffer.acquire()
-
-    def _release(self):
-        self.buffer.release()
-
-    def _combine(self, self_weight, parts, weights):
-        kernels.weighted_sum(self.buffer.array, self.buffer.array, self_weight, parts, weights)
-
     def _pull(self):
         r = self.steps
         self._publish()

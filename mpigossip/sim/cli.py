@@ -23,29 +23,15 @@ from .timing import Costs
 
 def add_arguments(parser):
     parser.add_argument("--costs", required=True, help="the calibration (benchmarks/calibrate_time.py --out FILE)")
-    parser.add_argument("--out", help="folder for timemodel-{validate,predict}.{md,json}")
+    parser.add_argument("--out", help="folder for timemodel-{validate,predict,accuracy}.{md,json}")
     sub = parser.add_subparsers(dest="what", required=True)
     val = sub.add_parser("validate", help="predict the P4 benchmark's rows and set them beside the measurements")
     val.add_argument("p4", nargs="+", metavar="P4.json", help="result files of bench_network.py --parts p4")
     pre = sub.add_parser("predict", help="steps/s per rank of each method as ranks and link rate grow")
-    pre.add_argument("--ranks", type=int, nargs="+", default=[16, 64, 256])
-    pre.add_argument("--per-node", type=int, default=8, help="ranks per node, a core each (default: 8)")
-    pre.add_argument("--rate-gbit", type=float, nargs="+", default=[1, 10, 100])
-    pre.add_argument("--mb", type=float, default=100, help="model size in MB (default: 100)")
-    pre.add_argument("--compute-ms", type=float, default=100, help="compute per step, a GPU's (default: 100)")
-    pre.add_argument("--methods", nargs="+", default=list(scaling.DEFAULT_METHODS),
-                     help="default: " + " ".join(scaling.DEFAULT_METHODS))
-    pre.add_argument("--steps", type=int, default=10, help="steps simulated per rank (default: 10)")
+    _cluster_arguments(pre, scaling.DEFAULT_METHODS)
     acc = sub.add_parser("accuracy", help="time to a target accuracy as ranks and link rate grow, and a map of "
                          "the method first to it")
-    acc.add_argument("--ranks", type=int, nargs="+", default=[16, 64, 256])
-    acc.add_argument("--per-node", type=int, default=8, help="ranks per node, a core each (default: 8)")
-    acc.add_argument("--rate-gbit", type=float, nargs="+", default=[1, 10, 100])
-    acc.add_argument("--mb", type=float, default=100, help="model size in MB (default: 100)")
-    acc.add_argument("--compute-ms", type=float, default=100, help="compute per step, a GPU's (default: 100)")
-    acc.add_argument("--methods", nargs="+", default=list(accuracy_time.CURVE_OF),
-                     help="default: " + " ".join(accuracy_time.CURVE_OF))
-    acc.add_argument("--steps", type=int, default=10, help="steps of the time model per rank (default: 10)")
+    _cluster_arguments(acc, tuple(accuracy_time.CURVE_OF))
     acc.add_argument("--sim-steps", type=int, default=400, help="SGD steps of the accuracy simulator (default: 400)")
     acc.add_argument("--lr", type=float, default=0.05, help="the accuracy simulator's step size (default: 0.05)")
     acc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -55,6 +41,17 @@ def add_arguments(parser):
                      help="a reproduction's results.json whose timed runs (measured on a cluster: pass the "
                           "same --mb and --compute-ms as theirs) put the method first to their target on the map")
     acc.add_argument("--measured-gbit", type=float, default=1.0, help="the link rate they ran at (default: 1)")
+
+
+def _cluster_arguments(parser, methods):
+    """The predicted clusters and workload (``predict`` and ``accuracy``)."""
+    parser.add_argument("--ranks", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--per-node", type=int, default=8, help="ranks per node, a core each (default: 8)")
+    parser.add_argument("--rate-gbit", type=float, nargs="+", default=[1, 10, 100])
+    parser.add_argument("--mb", type=float, default=100, help="model size in MB (default: 100)")
+    parser.add_argument("--compute-ms", type=float, default=100, help="compute per step, a GPU's (default: 100)")
+    parser.add_argument("--methods", nargs="+", default=list(methods), help="default: " + " ".join(methods))
+    parser.add_argument("--steps", type=int, default=10, help="steps of the time model per rank (default: 10)")
 
 
 def _meta(costs_path):
