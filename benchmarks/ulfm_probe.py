@@ -3,9 +3,11 @@
     mpiexec --with-ft ulfm [--mca btl tcp,self] -n 4 python benchmarks/ulfm_probe.py \
         [--steps 20] [--victim 3] [--die 5] [--mb 1] [--pattern ring|pairs] [--free-old]
         [--requests keep|cancel-recvs|free] [--order all|recvs-first] [--persistent] [--no-finalize]
+        [--how kill|stop] [--step-ms 0]
 
 Every rank exchanges ``--mb`` MB with its ring neighbours (``Isend``/``Irecv`` to both, then
-``Waitall``) for ``--steps`` steps; rank ``--victim`` kills itself (SIGKILL) at step ``--die``.
+``Waitall``) for ``--steps`` steps; rank ``--victim`` kills itself (SIGKILL) at step ``--die``
+(``--how stop``: stops itself, SIGSTOP, a hung rank).
 Every communicator returns errors (``ERRORS_RETURN``). A survivor whose exchange fails with a
 process failure or a revoked communicator revokes it, frees or cancels its pending requests,
 shrinks it (``MPI_Comm_shrink``), agrees (``MPI_Comm_agree``) that the shrink is complete and
@@ -39,6 +41,9 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--victim", type=int, default=-1, help="default: the last rank")
     p.add_argument("--die", type=int, default=5)
+    p.add_argument("--how", choices=("kill", "stop"), default="kill",
+                   help="the victim SIGKILLs itself (dead), or SIGSTOPs itself (hung: only ULFM's heartbeat "
+                        "detector, --mca mpi_ft_detector true, can report it)")
     p.add_argument("--mb", type=float, default=1.0)
     p.add_argument("--pattern", choices=("ring", "pairs"), default="ring")
     p.add_argument("--step-ms", type=float, default=0.0, help="sleep per step (compute), to give a cut link time")
@@ -68,7 +73,7 @@ def main():
     while step < a.steps:
         if world.Get_rank() == victim and step == a.die:
             sys.stdout.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL if a.how == "kill" else signal.SIGSTOP)
         rank, size = comm.Get_rank(), comm.Get_size()
         if a.step_ms:
             time.sleep(a.step_ms / 1000)

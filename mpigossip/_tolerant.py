@@ -118,6 +118,8 @@ class Survives:
 
     _exchange = None  # a PersistentExchange when on_failure="continue"
     _skip = 0         # calls left that only count (after a failure: a survivor that was behind)
+    _together = False  # one of several stepped in turn (recover_together): a failure goes to the caller
+    _met = False       # (with _together) the failure was met in this one's step
 
     def _tolerate(self, on_failure, make_exchange):
         """Keep ``on_failure`` (checked by the caller); with ``"continue"``, the exchange
@@ -141,6 +143,9 @@ class Survives:
         try:
             run(k)
         except failures.PeerFailure:
+            if self._together:
+                self._met = True
+                raise
             self._recover(k)
             return
         self.steps += 1
@@ -184,3 +189,25 @@ class Survives:
         """What the failure cost, as entries of the record (override; collective over the
         survivors)."""
         return {}
+
+
+def recover_together(comms):
+    """Several :class:`Survives` communicators stepped in turn every iteration (a torch model's
+    parameter groups; each built with ``_together = True``, so that a failure propagates as
+    :class:`~mpigossip.failures.PeerFailure`) recover from a failure met in one of them.
+
+    Every one is revoked first (a survivor still waiting in a later group's exchange then
+    fails out of it instead of waiting for peers that are shrinking an earlier group), then
+    each recovers in the same order on every survivor, all from the step the failure was met
+    in: the iteration counts as taken for every group (those stepped before it in this
+    iteration took it, the one that met the failure abandoned it, those after skip it), so
+    the groups stand at one step again and each loop of N iterations ends together."""
+    k = next(c.steps for c in comms if c._met)
+    for c in comms:
+        try:
+            c.comm.Revoke()
+        except MPI.Exception:  # revoked already, by another survivor
+            pass
+    for c in comms:
+        c._recover(k)
+        c._met = False

@@ -67,12 +67,27 @@ def wait(requests, *, comm, timeout, op, peer=None):
         requests = [requests]
     if not requests:
         return
+    wait_until(lambda: MPI.Request.Testall(requests), comm=comm, timeout=timeout, op=op,
+               peer=naming(requests, peer))
+
+
+def naming(requests, peer):
+    """``peer`` as :func:`wait_until` takes it: a ``peer(pending_indices)`` callable bound to
+    the indices of the ``requests`` not yet complete (``MPI_Request_get_status``, which frees
+    nothing); anything else as it is."""
+    if not callable(peer):
+        return peer
 
     def who():
-        pending = [i for i, r in enumerate(requests) if r != MPI.REQUEST_NULL]
-        return peer(pending) if callable(peer) else peer
-
-    wait_until(lambda: MPI.Request.Testall(requests), comm=comm, timeout=timeout, op=op, peer=who)
+        pending = []
+        for i, r in enumerate(requests):
+            try:
+                if r != MPI.REQUEST_NULL and not r.Get_status():
+                    pending.append(i)
+            except MPI.Exception:  # completed in error (a failed peer): it is the one to name
+                pending.append(i)
+        return peer(pending)
+    return who
 
 
 def wait_until(done, *, comm, timeout, op, peer=None):

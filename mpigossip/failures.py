@@ -102,7 +102,7 @@ def wait(requests, *, comm, timeout, op, peer=None):
                 raise PeerFailure(op, cls) from None
             raise
 
-    deadline.wait_until(done, comm=comm, timeout=timeout, op=op, peer=peer)
+    deadline.wait_until(done, comm=comm, timeout=timeout, op=op, peer=deadline.naming(requests, peer))
 
 
 @contextlib.contextmanager

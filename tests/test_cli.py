@@ -82,8 +82,7 @@ def test_bipartite_needs_an_even_world_size_even_alone():
     (["--algorithm", "allreduce", "--on-failure", "continue"], "--on-failure continue: allreduce: the survivors go on "
                                                                "for allreduce-params, sgp, dpsgd and gossip-push "
                                                                "only so far"),
-    (["--on-failure", "continue", "--out", "o", "--checkpoint-every", "5"],
-     "--on-failure continue does not take --checkpoint-every yet"),
+    (["--on-failure", "continue", "--eval-every", "5"], "--on-failure continue does not take --eval-every yet"),
     (["--on-failure", "continue", "--hierarchical"], "--on-failure continue does not take --hierarchical"),
 ])
 def test_bad_train_flags_exit_2_with_a_clear_message(monkeypatch, capsys, args, message):

@@ -21,10 +21,10 @@ class AllReduce(_Wrapper):
     mean of the parameters would snap the model to the format's grid at every average.
     :class:`GradientAllReduce` (``"allreduce"``) compresses the gradients instead.
 
-    ``on_failure="continue"`` (flat, one parameter group, no floating-point buffers): the
-    survivors of a failed rank go on (:class:`mpigossip.AllreduceAverager`); the average that
-    met the failure may leave the survivors' models one average apart, the next ones make them
-    equal again.
+    ``on_failure="continue"`` (flat): the survivors of a failed rank go on
+    (:class:`mpigossip.AllreduceAverager`, one per parameter group and one per floating-point
+    buffer group, recovering together); the average that met the failure may leave the
+    survivors' models one average apart, the next ones make them equal again.
     """
 
     name = "allreduce-params"
@@ -34,12 +34,17 @@ class AllReduce(_Wrapper):
         if wire is not None and self.name == "allreduce-params":
             raise ValueError(f"allreduce-params takes no wire format: {PARAMS_WIRE_REFUSED}")
         self.hierarchical, self.node_size, self.wire = bool(hierarchical), node_size, wire
-        self._check_on_failure(on_failure, hierarchical and "needs the flat AllReduce, not hierarchical"
-                               or any(True for _ in _float_buffers(model)) and
-                               "cannot average floating-point buffers (BatchNorm statistics) yet")
+        self._check_on_failure(on_failure, hierarchical and "needs the flat AllReduce, not hierarchical")
+        self.buffer_comms = []
         super().__init__(model, comm=comm, timeout=timeout)
-        self.buffer_comms = [AllreduceAverager(array, comm=self.comm, timeout=self.timeout)
+        extra = {} if self.on_failure == "abort" else {"on_failure": self.on_failure}
+        self.buffer_comms = [AllreduceAverager(array, comm=self.comm, timeout=self.timeout, **extra)
                              for array in self.flat_buffers.arrays]
+        if self.on_failure == "continue":
+            self._group_failures()
+
+    def _tolerant_groups(self):
+        return self.comms + self.buffer_comms
 
     def _make(self, array):
         if self.hierarchical:
@@ -58,7 +63,3 @@ class AllReduce(_Wrapper):
         for c in self.buffer_comms:
             c.free()
         self.buffer_comms = []
-
-
-def _float_buffers(model):
-    return (b for b in model.buffers() if b.is_floating_point())

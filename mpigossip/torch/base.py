@@ -11,6 +11,7 @@ import torch
 from mpi4py import MPI
 
 from .. import deadline, failures
+from .._tolerant import recover_together
 from ..hierarchical import Hierarchical
 from ..periodic import Every
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
@@ -49,13 +50,8 @@ class _Wrapper(abc.ABC):
             self.comm_time_s = 0.0  # seconds inside the algorithm's communication, wherever it runs
             self._rehomed = []  # groups moved into a node's shared window (hierarchical)
             self.comms = [self._make(array) for array in self.flat.arrays]
-            if self.on_failure == "continue" and len(self.comms) != 1:
-                for c in self.comms:
-                    c.free()
-                # Each group's communicator recovers in its own step; with several, a survivor a
-                # step ahead could meet them in another order than the others and deadlock.
-                raise ValueError(f"{self.name}: on_failure='continue' needs the model's parameters in one group "
-                                 f"(one dtype and device); this model has {len(self.comms)}")
+            if self.on_failure == "continue":
+                self._group_failures()
         except BaseException:
             self.comm.Free()
             raise
@@ -111,7 +107,10 @@ class _Wrapper(abc.ABC):
         self._check_open()
         t0 = time.perf_counter()
         with self._ordered():
-            self._step()
+            try:
+                self._step()
+            except failures.PeerFailure:  # met by one of several groups (_tolerant_groups)
+                recover_together(self._tolerant_groups())
         if self.on_failure == "continue":
             self._follow_failures()
         self.comm_time_s += time.perf_counter() - t0
@@ -126,14 +125,29 @@ class _Wrapper(abc.ABC):
             raise ValueError(error)
         self.on_failure = on_failure
 
+    def _tolerant_groups(self):
+        """The communicators that survive failures, in the order ``_step`` steps them. With
+        more than one (several dtypes or devices; AllReduce's floating-point buffers), a failure
+        met in any goes to :meth:`step`, which recovers them together
+        (:func:`mpigossip._tolerant.recover_together`): each recovering on its own, a survivor
+        could shrink one group while another waits in a later group's exchange with it."""
+        return self.comms
+
+    def _group_failures(self):
+        """After the groups are made (``on_failure="continue"``): several recover together."""
+        groups = self._tolerant_groups()
+        for c in groups:
+            c._together = len(groups) > 1
+
     def _follow_failures(self):
         """Once every group's communicator has recovered from a failure (each shrank in the same
         order on every survivor), the wrapper's own communicator (consensus, evaluation)
         shrinks to the survivors too."""
-        if min(len(c.failures) for c in self.comms) > len(self.failures):
+        groups = self._tolerant_groups()
+        if min(len(c.failures) for c in groups) > len(self.failures):
             self.comm = failures.shrink(self.comm, self.steps, timeout=self.timeout,
                                         op=f"{self.name} (the wrapper's communicator)").comm
-            self.failures.append(dict(self.comms[0].failures[len(self.failures)]))
+            self.failures.append(dict(groups[0].failures[len(self.failures)]))
 
     def consensus_model(self, into=None):
         """Collective (every rank calls it, not only the one that evaluates): the consensus

@@ -37,6 +37,9 @@ class GossipPush(GossipPull):
         self._check_on_failure(on_failure, hierarchical and "needs the flat gossip, not hierarchical")
         super().__init__(model, comm=comm, tau=tau, seed=seed, timeout=timeout)
 
+    def _tolerant_groups(self):
+        return [c.inner for c in self.comms]  # each Gossip, under its Every(tau)
+
     def _make(self, array):
         if not self.hierarchical:
             extra = {} if self.on_failure == "abort" else {"on_failure": self.on_failure}

@@ -12,8 +12,9 @@ import shutil
 import signal
 
 import torch
+from mpi4py import MPI
 
-from .. import deadline
+from .. import deadline, failures
 from .data import DataError
 
 #: Written into ``OUT/checkpoints`` by rank 0 once a preemption checkpoint is complete.
@@ -36,24 +37,45 @@ def latest_checkpoint(out):
     return os.path.join(out, "checkpoints", meta["dir"]), meta
 
 
-def save_checkpoint(comm, out, step, state, timeout):
+def save_checkpoint(comm, out, step, state, timeout, tolerant=False):
     """Collective: every rank writes its file (write, then rename); after all have, rank 0
     moves ``latest.json`` to the new step (again atomically). A crash at any point leaves
-    the previous checkpoint complete and pointed to."""
+    the previous checkpoint complete and pointed to.
+
+    ``tolerant`` (``--on-failure continue``, ULFM): a rank that fails during the checkpoint
+    makes it incomplete, not fatal: returns ``False`` without moving ``latest.json`` (rank 0
+    commits only after every rank has written its file), and the survivors meet the failure
+    in their next step, where they recover. Returns ``True`` once committed."""
     name = f"step-{step:08d}"
     folder = os.path.join(out, "checkpoints", name)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"rank-{comm.Get_rank()}.pt")
     _atomic_write(path, lambda tmp: (torch.save(state, tmp), _crash_hook(step)))
-    deadline.barrier(comm, timeout=timeout, op="checkpoint")
+    if not _barrier(comm, timeout, tolerant):
+        return False
     if comm.Get_rank() == 0:
-        meta = {"dir": name, "step": step, "world_size": comm.Get_size(), "algorithm": state["algorithm"]}
+        meta = {"dir": name, "step": step, "world_size": comm.Get_size(), "algorithm": state["algorithm"],
+                "initial_world_size": state.get("initial_world_size", comm.Get_size())}
         _atomic_write(os.path.join(out, "checkpoints", "latest.json"),
                       lambda tmp: json.dump(meta, open(tmp, "w")))
         for old in sorted(os.listdir(os.path.join(out, "checkpoints"))):
             if old.startswith("step-") and old < name:
                 shutil.rmtree(os.path.join(out, "checkpoints", old), ignore_errors=True)
-    deadline.barrier(comm, timeout=timeout, op="checkpoint")
+    _barrier(comm, timeout, tolerant)  # (failed here: committed all the same)
+    return True
+
+
+def _barrier(comm, timeout, tolerant):
+    """The checkpoint's barrier; ``tolerant``: ``False`` if a peer failed in it."""
+    if not tolerant:
+        deadline.barrier(comm, timeout=timeout, op="checkpoint")
+        return True
+    try:
+        failures.wait([comm.Ibarrier()], comm=comm, timeout=timeout, op="checkpoint",
+                      peer="all ranks (Ibarrier)")
+    except failures.PeerFailure:
+        return False
+    return True
 
 
 def load_checkpoint(comm, paths, timeout):
@@ -78,8 +100,10 @@ def load_checkpoint(comm, paths, timeout):
 
 
 def _crash_hook(step):
-    """Tests: ``MPIGOSSIP_CRASH_IN_CHECKPOINT=STEP`` kills this process (SIGKILL) mid-write."""
-    if os.environ.get("MPIGOSSIP_CRASH_IN_CHECKPOINT") == str(step):
+    """Tests: ``MPIGOSSIP_CRASH_IN_CHECKPOINT=STEP[:RANK]`` kills this process (SIGKILL)
+    mid-write of the checkpoint at ``STEP`` (every rank, or rank ``RANK`` of the launch)."""
+    spec = os.environ.get("MPIGOSSIP_CRASH_IN_CHECKPOINT", "").split(":")
+    if spec[0] == str(step) and (len(spec) == 1 or spec[1] == str(MPI.COMM_WORLD.Get_rank())):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -98,6 +122,7 @@ def mark_preempted(comm, out, step, timeout):
 def state_of(run, step):
     """Everything a run needs to continue exactly from ``step``."""
     state = {"algorithm": run.algorithm, "step": step, "world_size": run.size, "lr": run.lr,
+             "initial_world_size": run.initial_size, "failures": run.failures,
              "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
              "algo": run.algo.state_dict(), "rng": run.rng.bit_generator.state,
              "slow_rng": run.slow_rng.getstate(), "torch_rng": torch.get_rng_state(), "times": run.times}
@@ -123,6 +148,7 @@ def resume(run, folder):
         run.slow_rng.setstate(state["slow_rng"])
         torch.set_rng_state(state["torch_rng"])
         run.times = dict(state["times"])
+        _restore_failures(run, state)
     else:
         states = load_checkpoint(run.comm, [os.path.join(step_dir, f"rank-{r}.pt")
                                             for r in range(meta["world_size"])], run.timeout)
@@ -130,7 +156,15 @@ def resume(run, folder):
         run.model.load_state_dict({k: v.to(states[0]["model"][k].dtype) for k, v in mean.items()})
         run.algo.free()
         run.algo = run.make_algorithm()
+        _restore_failures(run, states[0])
     if run.rank == 0 and not run.args.quiet:
         print(f"resumed {run.algorithm} from {step_dir} (step {meta['step']}, {meta['world_size']} ranks)",
               flush=True)
     return int(meta["step"])
+
+
+def _restore_failures(run, state):
+    """The run's history of survived failures and its first world size, from a checkpoint
+    written after a shrink (``--on-failure continue``): ``summary.json`` keeps them."""
+    run.failures = [dict(f) for f in state.get("failures", [])]
+    run.initial_size = int(state.get("initial_world_size", state["world_size"]))

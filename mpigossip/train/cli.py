@@ -213,11 +213,10 @@ def check_on_failure(args, algorithms):
     if others:
         raise UsageError(f"--on-failure continue: {', '.join(others)}: {NOT_YET_FAILURE}")
     for flag, value in (("--hierarchical", args.hierarchical), ("--wire", args.wire),
-                        ("--checkpoint-every", args.checkpoint_every), ("--resume", args.resume),
                         ("--eval-every", args.eval_every)):
         if value:
             raise UsageError(f"--on-failure continue does not take {flag} yet (the survivors evaluate at the end, "
-                             f"over a communicator of their own; checkpoints after a shrink are not built)")
+                             f"over a communicator of their own)")
 
 
 def topology_name(args, algorithm):

@@ -95,6 +95,7 @@ class Run:
             if r == MPI.COMM_WORLD.Get_rank():
                 self.kill_at = at
         self.failures = []  # failures survived: [{"step", "ranks", ...}] (--on-failure continue)
+        self.failures_seen = 0  # of self.algo.failures (a resumed run's history is not the algorithm's)
         torch.manual_seed(args.seed)
         self.model = models.build(args.model, self.data.shape, self.data.classes, args.width).to(self.device)
         self.eval_model = models.build(args.model, self.data.shape, self.data.classes, args.width).to(self.device)
@@ -195,8 +196,9 @@ class Run:
         rec = failures.shrink(self.comm, step, timeout=self.timeout, op="train (the job's communicator)")
         self.comm, self.size = rec.comm, rec.comm.Get_size()
         self.evaluate = Evaluator(self.eval_model, self.x_test, self.y_test, comm=self.comm, timeout=self.timeout)
-        event = dict(self.algo.failures[len(self.failures)], time_s=time.perf_counter() - self.t_start,
+        event = dict(self.algo.failures[self.failures_seen], time_s=time.perf_counter() - self.t_start,
                      job_shrink_s=time.perf_counter() - t0)
+        self.failures_seen += 1
         self.failures.append(event)
         if self.comm.Get_rank() == 0:
             print(f"\n{self.algorithm}: rank{'s' if len(event['ranks']) > 1 else ''} "
@@ -234,7 +236,7 @@ class Run:
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
             record = self.train_step(step)
-            if len(getattr(self.algo, "failures", ())) > len(self.failures):
+            if len(getattr(self.algo, "failures", ())) > self.failures_seen:
                 self._survive(step)
             self.train_s = record["train_s"]  # this rank's training time at its last step (before drain)
             t_aside = time.perf_counter()
@@ -243,8 +245,9 @@ class Run:
                 record.update(last, steps_done=step + 1)
             self._log(record)
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < self.steps:
-                checkpoint.save_checkpoint(comm, self.out, step + 1, checkpoint.state_of(self, step + 1),
-                                           self.timeout)
+                # over the survivors after a failure (self.comm); one that fails in it leaves it uncommitted
+                checkpoint.save_checkpoint(self.comm, self.out, step + 1, checkpoint.state_of(self, step + 1),
+                                           self.timeout, tolerant=self.on_failure == "continue")
             self.aside_s += time.perf_counter() - t_aside
             if progress and (time.perf_counter() - last_print > 0.2 or step + 1 == self.steps):
                 last_print = time.perf_counter()

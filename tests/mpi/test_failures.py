@@ -164,11 +164,15 @@ def test_torch_wrappers_refuse_what_continue_does_not_cover():
     import mpigossip.torch as mgt
     c = comm()
     two_groups = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2).double())
-    with pytest.raises(ValueError, match="needs the model's parameters in one group .* this model has 2"):
-        _quiet(mgt.SGP, two_groups, comm=c, on_failure="continue")
-    with pytest.raises(ValueError, match="cannot average floating-point buffers"):
-        mgt.AllReduce(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)), comm=c,
-                      on_failure="continue")
+    sgp = _quiet(mgt.SGP, two_groups, comm=c, on_failure="continue")  # several groups recover together
+    sgp.step()
+    assert sgp.failures == [] and [g._together for g in sgp._tolerant_groups()] == [True, True]
+    sgp.free()
+    bn = _quiet(mgt.AllReduce, torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)), comm=c,
+                on_failure="continue")
+    bn.step()  # the parameters' group and the BatchNorm statistics' group
+    assert len(bn._tolerant_groups()) == 2 and all(g.on_failure == "continue" for g in bn._tolerant_groups())
+    bn.free()
     with pytest.raises(ValueError, match="needs the flat D-PSGD, not hierarchical"):
         mgt.DPSGD(torch.nn.Linear(3, 2), comm=c, hierarchical=True, on_failure="continue")
     with pytest.raises(ValueError, match="needs the flat gossip, not hierarchical"):
@@ -180,5 +184,5 @@ def test_torch_wrappers_refuse_what_continue_does_not_cover():
     push.free()
     algo = _quiet(mgt.AllReduce, torch.nn.Linear(3, 2), comm=c, on_failure="continue")
     algo.step()
-    assert algo.failures == [] and len(algo.comms) == 1
+    assert algo.failures == [] and len(algo.comms) == 1 and not algo.comms[0]._together
     algo.free()

@@ -1,10 +1,11 @@
 """Rank 1 stops (SIGSTOP: hung) or dies (SIGKILL) at some point; the others must end the
 job with a deadline message instead of hanging.
 
-    lost_peer.py stop|kill [step|construct|average]
+    lost_peer.py stop|kill [step|construct|average|tolerant]
 
 step: after 5 PushSum steps; construct: before constructing PushSum (its Idup);
-average: before the 5th AllreduceAverager.average (its Ibarrier guard).
+average: before the 5th AllreduceAverager.average (its Ibarrier guard); tolerant: as step,
+with PushSum(on_failure="continue") (its persistent exchange has a deadline of its own).
 """
 
 import os
@@ -33,7 +34,8 @@ if where == "average":
     ops = mg.AllreduceAverager(x, comm=comm, timeout=3)
     call = ops.average
 else:
-    ops = mg.PushSum(x, comm=comm, topology=mg.topology.RingGraph(), timeout=3)
+    tolerant = {"on_failure": "continue"} if where == "tolerant" else {}
+    ops = mg.PushSum(x, comm=comm, topology=mg.topology.RingGraph(), timeout=3, **tolerant)
     call = ops.step
 for step in range(1000):
     lose(step == 5)
