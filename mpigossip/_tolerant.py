@@ -194,7 +194,8 @@ class Survives:
 def recover_together(comms):
     """Several :class:`Survives` communicators stepped in turn every iteration (a torch model's
     parameter groups; each built with ``_together = True``, so that a failure propagates as
-    :class:`~mpigossip.failures.PeerFailure`) recover from a failure met in one of them.
+    :class:`~mpigossip.failures.PeerFailure`) recover from a failure met in one of them (or,
+    after :func:`mpigossip.failures.agree_failed`, met elsewhere in this iteration).
 
     Every one is revoked first (a survivor still waiting in a later group's exchange then
     fails out of it instead of waiting for peers that are shrinking an earlier group), then
@@ -202,12 +203,18 @@ def recover_together(comms):
     in: the iteration counts as taken for every group (those stepped before it in this
     iteration took it, the one that met the failure abandoned it, those after skip it), so
     the groups stand at one step again and each loop of N iterations ends together."""
-    k = next(c.steps for c in comms if c._met)
-    for c in comms:
-        try:
-            c.comm.Revoke()
-        except MPI.Exception:  # revoked already, by another survivor
-            pass
+    met = [c.steps for c in comms if c._met]
+    k = met[0] if met else comms[0].steps - 1  # (not met here: every group took this iteration's step)
+    revoke(comms)
     for c in comms:
         c._recover(k)
         c._met = False
+
+
+def revoke(comms):
+    """Revoke the communicators (those another survivor revoked already are skipped)."""
+    for c in comms:
+        try:
+            c.comm.Revoke()
+        except MPI.Exception:
+            pass

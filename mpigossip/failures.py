@@ -172,6 +172,20 @@ def shrink(comm, step, *, timeout, op):
         return Recovery(new, sorted(lost), int(agreed), time.monotonic() - start)
 
 
+def agree_failed(comm, failed, *, timeout, op):
+    """Collective over the live ranks of ``comm``, revoked or not (ULFM's ``MPI_Comm_agree``):
+    whether any of them met a failure (``failed``), or a rank failed before contributing. The
+    answer is the same on every survivor, so that all recover at the same step even when some
+    completed their exchanges. Blocking, under the same deadline as :func:`shrink`."""
+    try:
+        with _deadline(timeout, f"{op}: MPI_Comm_agree did not return within {timeout:g} s"):
+            return not comm.Agree(0 if failed else 1)
+    except MPI.Exception as exc:  # a rank failed before contributing: raised alike on every survivor
+        if exc.Get_error_class() not in FAILED:
+            raise
+        return True
+
+
 @contextlib.contextmanager
 def _deadline(seconds, message):
     """End this process (exit 1) with ``message`` and every thread's stack unless the block

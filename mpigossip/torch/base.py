@@ -11,7 +11,7 @@ import torch
 from mpi4py import MPI
 
 from .. import deadline, failures
-from .._tolerant import recover_together
+from .._tolerant import recover_together, revoke
 from ..hierarchical import Hierarchical
 from ..periodic import Every
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
@@ -28,6 +28,7 @@ class _Wrapper(abc.ABC):
 
     name = "?"
     on_failure = "abort"
+    _agreeing = False  # agree_on_failures()
 
     def __init__(self, model, *, comm, broadcast=True, timeout=None):
         self._freed = False
@@ -109,7 +110,16 @@ class _Wrapper(abc.ABC):
         with self._ordered():
             try:
                 self._step()
-            except failures.PeerFailure:  # met by one of several groups (_tolerant_groups)
+                met = False
+            except failures.PeerFailure:  # met by one of several groups (_tolerant_groups), or agreeing
+                met = True
+            if self._agreeing:
+                groups = self._tolerant_groups()
+                if met:
+                    revoke(groups)  # (a survivor waiting in another group's exchange fails out of it)
+                met = failures.agree_failed(groups[0].comm, met, timeout=self.timeout,
+                                            op=f"{self.name} (did a rank fail in step {self.steps}?)")
+            if met:
                 recover_together(self._tolerant_groups())
         if self.on_failure == "continue":
             self._follow_failures()
@@ -137,7 +147,17 @@ class _Wrapper(abc.ABC):
         """After the groups are made (``on_failure="continue"``): several recover together."""
         groups = self._tolerant_groups()
         for c in groups:
-            c._together = len(groups) > 1
+            c._together = len(groups) > 1 or self._agreeing
+
+    def agree_on_failures(self):
+        """``on_failure="continue"``, for a caller that steps this wrapper only now and then (an
+        outer optimizer's averages): after each step the survivors agree whether a rank failed in
+        it (:func:`mpigossip.failures.agree_failed`) and all recover in that step, so that they
+        meet the failure at the same iteration of their loop (and their checkpoints and
+        evaluations, collectives between those steps, stay matched). One ``MPI_Comm_agree`` a
+        step."""
+        self._agreeing = True
+        self._group_failures()
 
     def _follow_failures(self):
         """Once every group's communicator has recovered from a failure (each shrank in the same

@@ -6,7 +6,7 @@ import torch
 from .. import kernels
 from .. import outer as outer_mod
 from ..allreduce import AllreduceAverager
-from .._registry import OPTION_DEFAULTS, OUTER_BASES
+from .._registry import INNER_MIXING_FAILURE, OPTION_DEFAULTS, OUTER_BASES
 from .base import _tensors
 
 
@@ -15,6 +15,12 @@ class _Outer:
     SGP, D-PSGD or gossip push, hierarchical too) and an outer optimizer moves the anchor
     (the model at the previous outer step) by ``anchor - averaged`` (:mod:`mpigossip.outer`,
     one fused kernel per parameter group); between outer steps nothing is sent.
+
+    With ``on_failure="continue"`` (a base option) the survivors of a failed rank go on: the
+    base meets the failure at its next average and recovers (:mod:`mpigossip.failures`); the
+    outer state (anchor, momentum) is each rank's own; after each average the survivors agree
+    whether a rank failed in it, so that all recover at the same step. Not with
+    ``inner_mixing`` over gossip.
 
     Same contract as every wrapper: build it before the optimizer, call :meth:`step` after
     every ``optimizer.step()`` (also when a mixed-precision scaler skipped it: the count
@@ -52,6 +58,8 @@ class _Outer:
             chosen = outer_mod.settings(self.method, inner_steps, outer_lr, outer_momentum, None, warmup)
             if not isinstance(inner_mixing, bool):
                 raise ValueError(f"{self.name}: inner_mixing must be True or False, got {inner_mixing!r}")
+            if inner_mixing and base != "allreduce-params" and options.get("on_failure") == "continue":
+                raise ValueError(f"{self.name}: on_failure='continue': {INNER_MIXING_FAILURE}")
             chosen = chosen + (inner_mixing,)
         except ValueError as exc:
             error = str(exc)
@@ -64,6 +72,10 @@ class _Outer:
             self.base.free()
             raise
         _, self.inner_steps, self.lr, self.momentum, self.nesterov, self.warmup, self.inner_mixing = chosen
+        if options.get("on_failure") == "continue":
+            # the base steps every inner_steps: without agreeing, a survivor whose average completed
+            # would meet the failure one outer period after the others, past collectives in between
+            self.base.agree_on_failures()
         self._exact = []  # inner_mixing: the exact mean of each group at an outer step
         if self.inner_mixing and base != "allreduce-params":
             # in the model's own dtype: the exact mean stays exact (a format would snap it to its grid)

@@ -9,9 +9,9 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import (ALGORITHMS, DEFAULT_TOPOLOGY, FAULT_TOLERANT, HIERARCHICAL, NOT_YET_FAILURE, ONE_SIDED,
-                         ONE_SIDED_FAILURE, OPTION_DEFAULTS, OUTER, OUTER_BASES, PARAMS_WIRE_REFUSED, WIRE,
-                         WIRE_FORMATS)
+from .._registry import (ALGORITHMS, DEFAULT_TOPOLOGY, FAULT_TOLERANT, HIERARCHICAL, INNER_MIXING_FAILURE,
+                         NOT_YET_FAILURE, ONE_SIDED, ONE_SIDED_FAILURE, OPTION_DEFAULTS, OUTER, OUTER_BASES,
+                         PARAMS_WIRE_REFUSED, WIRE, WIRE_FORMATS)
 
 DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
             "batch_size": 32, "steps": 300}
@@ -116,8 +116,9 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--resume", metavar="DIR", help="resume from the latest checkpoint in DIR")
     parser.add_argument("--on-failure", default=OPTION_DEFAULTS["on_failure"], choices=("abort", "continue"),
                         help="a rank that dies: abort ends the job (then Slurm's requeue resumes it from the last "
-                        "checkpoint); continue: the survivors train on (sgp; launch with mpiexec --with-ft ulfm "
-                        "or 'launch --fault-tolerant'; evaluates at the end only) (default: %(default)s)")
+                        "checkpoint); continue: the survivors train on (sgp, dpsgd, gossip-push, allreduce-params and the "
+                        "outer methods over them; launch with mpiexec --with-ft ulfm or 'launch --fault-tolerant'; "
+                        "evaluates at the end only) (default: %(default)s)")
     parser.add_argument("--kill", action="append", default=[], metavar="RANK:STEP",
                         help="fault injection: rank RANK kills itself (SIGKILL) before step STEP (repeatable), to "
                         "try --on-failure")
@@ -209,9 +210,11 @@ def check_on_failure(args, algorithms):
     one_sided = [a for a in algorithms if a in ONE_SIDED]
     if one_sided:
         raise UsageError(f"--on-failure continue: {', '.join(one_sided)}: {ONE_SIDED_FAILURE}")
-    others = [a for a in algorithms if a not in FAULT_TOLERANT]
+    others = [a for a in algorithms if a not in FAULT_TOLERANT or (a in OUTER and args.base not in FAULT_TOLERANT)]
     if others:
         raise UsageError(f"--on-failure continue: {', '.join(others)}: {NOT_YET_FAILURE}")
+    if args.inner_mixing and args.base != "allreduce-params" and any(a in OUTER for a in algorithms):
+        raise UsageError(f"--on-failure continue: --inner-mixing over {args.base}: {INNER_MIXING_FAILURE}")
     for flag, value in (("--hierarchical", args.hierarchical), ("--wire", args.wire),
                         ("--eval-every", args.eval_every)):
         if value:

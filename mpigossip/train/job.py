@@ -196,13 +196,13 @@ class Run:
         rec = failures.shrink(self.comm, step, timeout=self.timeout, op="train (the job's communicator)")
         self.comm, self.size = rec.comm, rec.comm.Get_size()
         self.evaluate = Evaluator(self.eval_model, self.x_test, self.y_test, comm=self.comm, timeout=self.timeout)
-        event = dict(self.algo.failures[self.failures_seen], time_s=time.perf_counter() - self.t_start,
-                     job_shrink_s=time.perf_counter() - t0)
+        event = dict(self.algo.failures[self.failures_seen], train_step=step,  # ("step": the algorithm's)
+                     time_s=time.perf_counter() - self.t_start, job_shrink_s=time.perf_counter() - t0)
         self.failures_seen += 1
         self.failures.append(event)
         if self.comm.Get_rank() == 0:
             print(f"\n{self.algorithm}: rank{'s' if len(event['ranks']) > 1 else ''} "
-                  f"{', '.join(map(str, event['ranks']))} failed at step {event['step']}; {self.size} survivors go on "
+                  f"{', '.join(map(str, event['ranks']))} failed at step {step}; {self.size} survivors go on "
                   f"(recovered in {event['seconds']:.2f} s"
                   + (f", weight lost {event['weight_lost']:.3g})" if "weight_lost" in event else ")"), flush=True)
 

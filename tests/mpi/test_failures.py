@@ -182,6 +182,16 @@ def test_torch_wrappers_refuse_what_continue_does_not_cover():
         push.step()
     assert push.failures == [] and push.comms[0].exchanges == 1
     push.free()
+    with pytest.raises(ValueError, match="slowmo: on_failure='continue': inner_mixing's exact mean"):
+        _quiet(mgt.make, "slowmo", torch.nn.Linear(3, 2), comm=c, base="sgp", inner_mixing=True,
+               on_failure="continue")
+    local = _quiet(mgt.make, "localsgd", torch.nn.Linear(3, 2), comm=c, base="sgp", inner_steps=2,
+                   on_failure="continue")
+    for _ in range(4):  # two averages, each followed by an agreement that no rank failed
+        local.step()
+    assert local.failures == [] and local.base._agreeing and local.base.comms[0]._together
+    assert local.base.comms[0].steps == 2
+    local.free()
     algo = _quiet(mgt.AllReduce, torch.nn.Linear(3, 2), comm=c, on_failure="continue")
     algo.step()
     assert algo.failures == [] and len(algo.comms) == 1 and not algo.comms[0]._together
