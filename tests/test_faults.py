@@ -181,7 +181,7 @@ def test_survivors_of_a_killed_rank_go_on_with_several_groups(args):
     assert all(s["groups"] >= 2 for s in found) and proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("algorithm", ["sgp", "gossip-push", "slowmo"])
+@pytest.mark.parametrize("algorithm", ["sgp", "gossip-push", "slowmo", "allreduce"])
 def test_training_survives_a_killed_rank(tmp_path, algorithm):
     """`train --on-failure continue`: rank 3 of 4 dies at step 100 of 300; the 3 survivors train
     on to the end and reach 90% on the digits; summary.json records the failure (SGP: with the
@@ -195,7 +195,10 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     SlowMo over SGP (an average every 32 steps), with checkpoints: the survivors meet the
     failure at the next average (step 127), where some complete their exchange and others do
     not; they agree that a rank failed and recover together, so that their checkpoints (step
-    150 on) stay matched."""
+    150 on) stay matched.
+
+    AllReduce SGD (the gradients' mean): the survivors average their own gradients again over
+    the survivors after the failure, so that their models stay equal (consensus distance 0)."""
     import json
     train = [sys.executable, "-m", "mpigossip", "train", "--algorithm", algorithm, "--steps", "300",
              "--on-failure", "continue", "--quiet", "--out", str(tmp_path)]
@@ -216,10 +219,12 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     [f] = s["failures"]
     assert f["ranks"] == [3] and f["size"] == 3 and met_at[0] <= f["train_step"] <= met_at[1], f
     assert f["seconds"] < 15, f
-    if algorithm != "gossip-push":
+    if algorithm in ("sgp", "slowmo"):
         assert 0 < f["weight_lost"] <= 2, f
     assert s["final_accuracy"] >= 0.9, s
-    if algorithm == "gossip-push":
+    if algorithm == "allreduce":
+        assert s["consensus_distance"] == 0, s
+    if algorithm in ("gossip-push", "allreduce"):
         return
     latest = json.load(open(tmp_path / "checkpoints" / "latest.json"))
     assert latest["step"] == 250 and latest["world_size"] == 3 and latest["initial_world_size"] == 4, latest

@@ -4,8 +4,9 @@ import time
 
 import torch
 
-from .. import buffers
+from .. import buffers, failures
 from .._ring import Layout
+from .._tolerant import recover_together, revoke
 from ..allreduce import AllreduceAverager
 from .allreduce import AllReduce
 
@@ -49,23 +50,37 @@ class GradientAllReduce(AllReduce):
         wire: ``None`` or a compressed format of :mod:`mpigossip.wire` for the gradients
             (DDP's ``fp16_compress_hook`` / ``bf16_compress_hook``, and int8); the
             BatchNorm statistics stay exact.
+        on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on
+            (launched with ULFM: :mod:`mpigossip.failures`). Then each group's gradients are
+            averaged at the end of the backward pass, whole, by a fault-tolerant AllReduce (no
+            overlap with the backward pass, no ``wire``); the survivors agree whether a rank
+            failed in it (one ``MPI_Comm_agree`` a pass) and, if one did, recover and average
+            their own gradients again over the survivors, so that every survivor steps with
+            the same mean and the models stay equal.
         timeout: seconds any wait may take.
     """
 
     name = "allreduce"
 
-    def __init__(self, model, *, comm, bucket_mb=25, wire=None, timeout=None):
+    def __init__(self, model, *, comm, bucket_mb=25, wire=None, on_failure="abort", timeout=None):
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
+        error = failures.check_on_failure(on_failure, wire)
+        if error:
+            raise ValueError(f"allreduce: {error}")
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
-        self.grad_views, self.buckets, self._where, self._layout = [], [], {}, None
-        super().__init__(model, comm=comm, wire=wire, timeout=timeout)  # (sets self.wire first)
+        self.grad_views, self.buckets, self._where, self._layout, self._own = [], [], {}, None, None
+        self.on_failure = on_failure  # (before the groups are made)
+        super().__init__(model, comm=comm, wire=wire, on_failure=on_failure, timeout=timeout)
+        if self.on_failure == "continue":
+            self.agree_on_failures()  # the buffers' averages too: every survivor recovers in the same step
         self._next = 0  # the next bucket to start: in list order on every rank
         self._pending = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._where]
 
     def _make(self, array):
-        """The gradient buffer and buckets of the next parameter group (called in group order)."""
+        """The gradient buffer and buckets of the next parameter group (called in group order);
+        with ``on_failure="continue"`` the group's fault-tolerant averager, returned."""
         g = len(self.grad_views)
         flat, members = self.flat.groups[g], self.flat.params[g]
         grad = torch.zeros_like(flat)
@@ -75,6 +90,10 @@ class GradientAllReduce(AllReduce):
         for p in members:
             offsets.append(at)
             at += p.numel()
+        if self.on_failure == "continue":
+            for p, lo in zip(members, offsets):
+                self._where[p] = (None, grad[lo:lo + p.numel()].view_as(p))
+            return AllreduceAverager(view.array, comm=self.comm, timeout=self.timeout, on_failure="continue")
         hi, size, group = at, 0, []
         itemsize = flat.element_size()
         for p, lo in reversed(list(zip(members, offsets))):
@@ -100,6 +119,9 @@ class GradientAllReduce(AllReduce):
         bucket, view = self._where[p]
         if not self._pending:  # the first gradient of this pass: complete them all when it ends
             torch.autograd.Variable._execution_engine.queue_callback(self.synchronize)
+        if bucket is None:  # on_failure="continue": everything at the end of the pass
+            self._pending = True
+            return
         if p in bucket.ready:
             raise RuntimeError("GradientAllReduce: a parameter's gradient arrived twice in one backward pass")
         if p.grad.data_ptr() != view.data_ptr():
@@ -131,6 +153,10 @@ class GradientAllReduce(AllReduce):
         if not self._pending:
             return
         t0 = time.perf_counter()
+        if self.on_failure == "continue":
+            self._average_surviving()
+            self.comm_time_s += time.perf_counter() - t0
+            return
         for bucket in self.buckets:
             for p in bucket.params:  # parameters without a gradient this pass contribute zeros
                 if p not in bucket.ready:
@@ -160,6 +186,42 @@ class GradientAllReduce(AllReduce):
             p.grad = view  # the averaged gradient, no copy; the next backward accumulates into it
         self._pending = False
         self.comm_time_s += time.perf_counter() - t0  # booked as communication, as every algorithm's
+
+    def _average_surviving(self):
+        """``on_failure="continue"``: every group's gradients averaged whole; if a rank failed
+        (as the survivors agree), recovered and averaged again from this rank's own gradients."""
+        for p, (_, view) in self._where.items():
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+        for view in self.grad_views:
+            view.synchronize()
+        if self._own is None:  # this rank's own gradients, kept for an average again
+            self._own = [buffers.scratch(view) for view in self.grad_views]
+        own = self._own
+        for mine, view in zip(own, self.grad_views):
+            mine.array[...] = view.array
+        groups = self._tolerant_groups()
+        while True:
+            try:
+                for averager in self.comms:
+                    averager.average()
+                met = False
+            except failures.PeerFailure:
+                met = True
+                revoke(groups)
+            if not failures.agree_failed(groups[0].comm, met, timeout=self.timeout,
+                                         op=f"{self.name} (did a rank fail averaging the gradients?)"):
+                break
+            recover_together(groups)
+            for mine, view in zip(own, self.grad_views):  # this rank's own gradients, to average again
+                view.array[...] = mine.array
+        for view in self.grad_views:
+            view.release()
+        for p, (_, view) in self._where.items():
+            p.grad = view
+        self._pending = False
 
     # -- after optimizer.step() -----------------------------------------------------------
     def _step(self):

@@ -158,8 +158,19 @@ def test_tolerant_mean_misuse_is_refused():
     avg.free()
 
 
+def _Double():
+    import torch
+
+    class Double(torch.nn.Module):  # float32 activations into a float64 layer (two parameter groups)
+        def forward(self, x):
+            return x.double()
+    return Double()
+
+
 @pytest.mark.mpi(min_size=1)
-def test_torch_wrappers_refuse_what_continue_does_not_cover():
+def test_torch_wrappers_under_continue_without_a_failure():
+    """What on_failure="continue" covers (several groups, BatchNorm statistics, the outer methods,
+    AllReduce SGD: the same gradients as the overlapped path) and what it refuses."""
     torch = pytest.importorskip("torch")
     import mpigossip.torch as mgt
     c = comm()
@@ -192,6 +203,22 @@ def test_torch_wrappers_refuse_what_continue_does_not_cover():
     assert local.failures == [] and local.base._agreeing and local.base.comms[0]._together
     assert local.base.comms[0].steps == 2
     local.free()
+    grads = []  # AllReduce SGD: the same mean of the gradients as the overlapped default path
+    for extra in ({}, {"on_failure": "continue"}):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 4), _Double(), torch.nn.Linear(4, 2).double())
+        ddp = _quiet(mgt.GradientAllReduce, net, comm=c, bucket_mb=1e-5, **extra)
+        for _ in range(2):  # the second pass accumulates into the averaged buffer, as DDP's does
+            x = torch.full((5, 3), float(c.rank + 1))
+            net(x).double().sum().backward()
+        grads.append([p.grad.clone() for p in net.parameters()])
+        ddp.step()
+        assert ddp.failures == []
+        ddp.free()
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="allreduce: on_failure='continue' moves the buffer's own dtype, not wire"):
+        mgt.GradientAllReduce(torch.nn.Linear(3, 2), comm=c, wire="bf16", on_failure="continue")
     algo = _quiet(mgt.AllReduce, torch.nn.Linear(3, 2), comm=c, on_failure="continue")
     algo.step()
     assert algo.failures == [] and len(algo.comms) == 1 and not algo.comms[0]._together
