@@ -13,8 +13,9 @@
 #   stop     rank 1 (on node 2) SIGSTOPped mid-run: the others abort within seconds naming it;
 #   kill     under ULFM (--with-ft ulfm), a rank SIGKILLs itself: the survivors go on
 #            (tests/scripts/survive.py: PushSum at 16 MB one rank per node and with torch two per node,
-#            D-PSGD), and `train --on-failure
-#            continue` on 4 nodes loses rank 2 at step 100 and its 3 survivors reach 90% on the digits.
+#            D-PSGD; survive_groups.py: torch SGP with two parameter groups, 8 ranks), and `train --algorithm
+#            allreduce --on-failure continue` on 4 nodes loses rank 2 at step 100: its 3 survivors reach 90% on
+#            the digits with equal models and checkpoint at their size.
 # Exits non-zero if any case fails. Restores every link and ends stray ranks by PID.
 #
 #   bash tests/cluster/faults.sh [cut|deadline|outage|stop|kill ...]   (default: all five)
@@ -152,21 +153,33 @@ kill_case() {  # a killed rank survived: survive.py's checks on every survivor, 
       fail kill "$n ranks ($args): exit $rc, not every survivor passed"; return
     fi
   done
-  out=$(mktemp -d)
-  timeout -k 5 240 $MPI --with-ft ulfm -n 4 --map-by node "$PY" -m mpigossip train --algorithm sgp --steps 300 \
-    --on-failure continue --kill 2:100 --quiet --out "$out" >"$LOG" 2>&1
+  # a torch SGP whose parameters form two groups (two dtypes), killed mid-exchange: recovered together
+  timeout -k 5 120 $MPI --with-ft ulfm -n 8 --map-by slot "$PY" "$PWD/tests/scripts/survive_groups.py" --algo sgp \
+    --victim 5 --mid --mb 4 >"$LOG" 2>&1
   rc=$?
   strays
-  if [ $rc -ne 0 ] || ! "$PY" - "$out/summary.json" <<'PYEOF' >>"$LOG" 2>&1; then
-import json, sys
-s = json.load(open(sys.argv[1]))
+  if [ "$(grep -ac '^survive_groups: .*"ok": true' "$LOG")" -ne 7 ] || [ $rc -ne 0 ]; then
+    fail kill "8 ranks, two parameter groups: exit $rc, not every survivor passed"; return
+  fi
+  # AllReduce SGD (the survivors average their gradients again: equal models), checkpoints at the new size
+  out=$(mktemp -d)
+  timeout -k 5 240 $MPI --with-ft ulfm -n 4 --map-by node "$PY" -m mpigossip train --algorithm allreduce --steps 300 \
+    --on-failure continue --kill 2:100 --checkpoint-every 50 --quiet --out "$out" >"$LOG" 2>&1
+  rc=$?
+  strays
+  if [ $rc -ne 0 ] || ! "$PY" - "$out" <<'PYEOF' >>"$LOG" 2>&1; then
+import json, os, sys
+s = json.load(open(os.path.join(sys.argv[1], "summary.json")))
+latest = json.load(open(os.path.join(sys.argv[1], "checkpoints", "latest.json")))
 [f] = s["failures"]
 assert s["world_size"] == 3 and f["ranks"] == [2] and f["seconds"] < 15 and s["final_accuracy"] >= 0.9, s
-print(f"train: rank 2 lost at step {f['step']}, recovered in {f['seconds']:.2f} s, accuracy {s['final_accuracy']:.3f}")
+assert s["consensus_distance"] == 0 and latest["step"] == 250 and latest["world_size"] == 3, (s, latest)
+print(f"train: rank 2 lost at step {f['train_step']}, recovered in {f['seconds']:.2f} s, "
+      f"accuracy {s['final_accuracy']:.3f}")
 PYEOF
     fail kill "the training run (exit $rc)"
   else
-    pass kill "survivors passed (PushSum, D-PSGD, AllReduce; 4 and 8 ranks); $(grep -a '^train: rank 2 lost' "$LOG")"
+    pass kill "survivors passed (PushSum, D-PSGD, AllReduce; 4 and 8 ranks; two groups); $(grep -a '^train: rank 2 lost' "$LOG")"
   fi
   rm -rf "$out"
 }
