@@ -26,7 +26,13 @@ def add_arguments(parser):
     parser.add_argument("--out", help="folder for timemodel-{validate,predict,accuracy}.{md,json}")
     sub = parser.add_subparsers(dest="what", required=True)
     val = sub.add_parser("validate", help="predict the P4 benchmark's rows and set them beside the measurements")
-    val.add_argument("p4", nargs="+", metavar="P4.json", help="result files of bench_network.py --parts p4")
+    val.add_argument("p4", nargs="*", metavar="P4.json", help="result files of bench_network.py --parts p4")
+    val.add_argument("--reproduction", metavar="RESULTS_JSON",
+                     help="also a reproduction's timed runs (docs/reproduce/results.json), with their workload:")
+    val.add_argument("--reproduction-mb", type=float, default=1.03, help="their model in MB (default: 1.03)")
+    val.add_argument("--reproduction-compute-ms", type=float, default=200, help="their compute (default: 200)")
+    val.add_argument("--reproduction-nodes", type=int, nargs=2, default=[4, 2], metavar=("NODES", "PER_NODE"),
+                     help="where they ran (default: 4 2)")
     pre = sub.add_parser("predict", help="steps/s per rank of each method as ranks and link rate grow")
     _cluster_arguments(pre, scaling.DEFAULT_METHODS)
     acc = sub.add_parser("accuracy", help="time to a target accuracy as ranks and link rate grow, and a map of "
@@ -70,7 +76,14 @@ def main(args, problem_for=None):
     extra = {}
     if args.what == "validate":
         from . import validation
+        if not args.p4 and not args.reproduction:
+            raise SystemExit("timemodel validate: give P4 result files, --reproduction RESULTS_JSON, or both")
         rows = validation.p4_table(args.p4, costs)
+        if args.reproduction:
+            nodes, per_node = args.reproduction_nodes
+            rows += validation.reproduction_table(args.reproduction, costs, mb=args.reproduction_mb,
+                                                  compute=args.reproduction_compute_ms / 1e3, nodes=nodes,
+                                                  per_node=per_node)
         text = validation.markdown(rows)
     elif args.what == "accuracy":
         schemes = sorted({accuracy_time.CURVE_OF[m] for m in args.methods if m in accuracy_time.CURVE_OF})

@@ -1,16 +1,17 @@
-"""The time model against measurements: predicted and measured P4 rows side by side.
+"""The time model against measurements: predicted and measured rows side by side.
 
 :func:`p4_table` reads the P4 benchmark's result files (``benchmarks/bench_network.py --parts
 p4``: throughput of every method with and without a rank twice as slow), simulates each row
 with the calibrated :class:`~.timing.Costs` (nothing refitted), and returns rows with both
-figures and the relative error; :func:`markdown` writes them as a table.
+figures and the relative error; :func:`reproduction_table` does the same for a reproduction's
+timed runs (training on the emulated cluster); :func:`markdown` writes them as a table.
 """
 
 import json
 
 from .timing import Workload, simulate
 
-__all__ = ["p4_rows", "p4_table", "markdown", "TOLERANCE"]
+__all__ = ["p4_rows", "p4_table", "reproduction_table", "markdown", "TOLERANCE"]
 
 #: The relative error a prediction must stay within.
 TOLERANCE = 0.15
@@ -51,6 +52,42 @@ def p4_table(paths, costs, *, seed=0):
                           "case": case, "measured": measured, "measured_range": [min(runs), max(runs)] if runs
                           else None, "predicted": predicted, "error": predicted / measured - 1,
                           "source": f"{path} ({meta.get('commit', '?')})"})
+    return table
+
+
+#: The reproduction's timed cases the time model can state, as its straggler (rank 1 2x slow).
+REPRODUCTION_CASES = {"normal": ("no straggler", {}), "straggler": ("rank 1 2x slow", {1: 2.0})}
+
+
+def _method(algorithm):
+    """The time model's name of a timed run's algorithm (OSGP at the package's default delay of
+    one step: ``osgp:1``), or ``None`` where the model has none (gossip-push)."""
+    from .methods import METHODS
+    if algorithm == "osgp":
+        return "osgp:1"
+    return algorithm if algorithm in METHODS else None
+
+
+def reproduction_table(path, costs, *, mb, compute, nodes, per_node, seed=0):
+    """Predicted vs measured for the timed runs of a reproduction's ``results.json`` (their
+    throughput: the sum over ranks of each rank's steps per second, as P4's), per case the
+    model states (:data:`REPRODUCTION_CASES`) and algorithm it has. ``mb``, ``compute`` (s),
+    ``nodes`` and ``per_node``: the runs' model size, fixed compute and placement."""
+    with open(path) as f:
+        runs = json.load(f)["timed_runs"]
+    groups = {}
+    for r in runs:
+        if r.get("case") in REPRODUCTION_CASES and _method(r["algorithm"]):
+            groups.setdefault((r["case"], r["algorithm"]), []).append(r["throughput_steps_s"])
+    table = []
+    for (case, algorithm), measured in sorted(groups.items()):
+        label, straggler = REPRODUCTION_CASES[case]
+        work = Workload(mb=mb, compute=compute, straggler=straggler, steps=30)
+        predicted = simulate(_method(algorithm), nodes, per_node, work, costs, seed=seed)["steps_per_s"]
+        mean = sum(measured) / len(measured)
+        table.append({"ranks": nodes * per_node, "nodes": nodes, "mb": mb, "algorithm": algorithm, "case": label,
+                      "measured": mean, "measured_range": [min(measured), max(measured)], "predicted": predicted,
+                      "error": predicted / mean - 1, "source": f"{path} (timed runs)"})
     return table
 
 
