@@ -185,6 +185,22 @@ def test_validation_table_and_its_misses(tmp_path):
     assert text.count("**miss**") == 2 and text.endswith("0 of 2 rows within 15%.")
 
 
+def test_the_reproductions_timed_runs_are_validated_where_the_model_has_the_method_and_case(tmp_path):
+    run = {"world_size": 4, "steps": 10}
+    runs = [dict(run, algorithm="sgp", case="normal", throughput_steps_s=v) for v in (3.0, 5.0)]
+    runs += [dict(run, algorithm="osgp", case="straggler", throughput_steps_s=2.0),
+             dict(run, algorithm="gossip-push", case="normal", throughput_steps_s=9.0),  # not in the model
+             dict(run, algorithm="sgp", case="delays", throughput_steps_s=9.0)]           # transient delays: neither
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"timed_runs": runs}))
+    costs = Costs(link_rate=120e6, cores=2)
+    table = validation.reproduction_table(str(path), costs, mb=1.0, compute=0.1, nodes=2, per_node=2)
+    assert [(t["algorithm"], t["case"]) for t in table] == [("sgp", "no straggler"), ("osgp", "rank 1 2x slow")]
+    assert table[0]["measured"] == 4.0 and table[0]["measured_range"] == [3.0, 5.0]
+    slow = Workload(mb=1.0, compute=0.1, straggler={1: 2.0}, steps=30)
+    assert table[1]["predicted"] == pytest.approx(simulate("osgp:1", 2, 2, slow, costs)["steps_per_s"])
+
+
 def test_predictions_at_scale_keep_the_payload_fraction_and_give_a_core_per_rank():
     costs = Costs(link_rate=0.96 * 1e9 / 8, cores=2, cores_shared=True, wire_cpu=1e-9)
     c = scaling.cluster_costs(costs, 100, per_node=8)
