@@ -201,6 +201,29 @@ def test_the_reproductions_timed_runs_are_validated_where_the_model_has_the_meth
     assert table[1]["predicted"] == pytest.approx(simulate("osgp:1", 2, 2, slow, costs)["steps_per_s"])
 
 
+def test_outer_methods_average_every_h_steps_and_bench_outer_is_validated_at_its_rates(tmp_path):
+    costs = Costs(link_rate=120e6, cores=4)
+    work = Workload(mb=4, compute=0.01, steps=8, warmup=0)
+    local = simulate("localsgd:4", 4, 1, work, costs)
+    assert local["models_moved_per_step"] == pytest.approx(simulate("allreduce", 4, 1, work, costs)
+                                                           ["models_moved_per_step"] / 4, rel=0.01)
+    assert local["steps_per_s"] > simulate("allreduce", 4, 1, work, costs)["steps_per_s"]
+    assert simulate("slowmo:4", 4, 1, work, costs)["steps_per_s"] < simulate("sgp", 4, 1, work, costs)["steps_per_s"]
+    meta = {"ranks": 4, "compute_ms": 10.0, "inner_steps": 4}
+    run = {"seed": 0, "throughput_steps_s": 1.0}
+    runs = [dict(run, rate=rate, algorithm=a, flags=f, row=a.upper()) for rate in ("100mbit", "1gbit")
+            for a, f in (("allreduce", []), ("diloco", ["--momentum", "0"]))]
+    runs += [dict(run, rate="1gbit", algorithm="sgp", flags=["--wire", "int8"], row="SGP int8")]  # not stated
+    path = tmp_path / "outer.json"
+    path.write_text(json.dumps({"meta": meta, "runs": runs}))
+    table = validation.outer_table(str(path), costs, mb=1.0)
+    assert [(t["case"], t["algorithm"]) for t in table] == [("100mbit", "ALLREDUCE"), ("100mbit", "DILOCO"),
+                                                            ("1gbit", "ALLREDUCE"), ("1gbit", "DILOCO")]
+    slow = Costs(link_rate=12e6, cores=4)   # 100 Mbit: the 1 Gbit calibration's link scaled by 0.1
+    expected = simulate("localsgd:4", 4, 1, Workload(mb=1.0, compute=0.01, steps=12), slow)["steps_per_s"]
+    assert table[1]["predicted"] == pytest.approx(expected)
+
+
 def test_predictions_at_scale_keep_the_payload_fraction_and_give_a_core_per_rank():
     costs = Costs(link_rate=0.96 * 1e9 / 8, cores=2, cores_shared=True, wire_cpu=1e-9)
     c = scaling.cluster_costs(costs, 100, per_node=8)

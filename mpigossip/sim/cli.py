@@ -33,6 +33,9 @@ def add_arguments(parser):
     val.add_argument("--reproduction-compute-ms", type=float, default=200, help="their compute (default: 200)")
     val.add_argument("--reproduction-nodes", type=int, nargs=2, default=[4, 2], metavar=("NODES", "PER_NODE"),
                      help="where they ran (default: 4 2)")
+    val.add_argument("--outer", metavar="OUTER_JSON",
+                     help="also bench_outer.py's runs (benchmarks/results/outer.json), at their link rates")
+    val.add_argument("--outer-mb", type=float, default=1.03, help="their model in MB (default: 1.03)")
     pre = sub.add_parser("predict", help="steps/s per rank of each method as ranks and link rate grow")
     _cluster_arguments(pre, scaling.DEFAULT_METHODS)
     acc = sub.add_parser("accuracy", help="time to a target accuracy as ranks and link rate grow, and a map of "
@@ -76,14 +79,17 @@ def main(args, problem_for=None):
     extra = {}
     if args.what == "validate":
         from . import validation
-        if not args.p4 and not args.reproduction:
-            raise SystemExit("timemodel validate: give P4 result files, --reproduction RESULTS_JSON, or both")
+        if not (args.p4 or args.reproduction or args.outer):
+            raise SystemExit("timemodel validate: give P4 result files, --reproduction RESULTS_JSON and/or "
+                             "--outer OUTER_JSON")
         rows = validation.p4_table(args.p4, costs)
         if args.reproduction:
             nodes, per_node = args.reproduction_nodes
             rows += validation.reproduction_table(args.reproduction, costs, mb=args.reproduction_mb,
                                                   compute=args.reproduction_compute_ms / 1e3, nodes=nodes,
                                                   per_node=per_node)
+        if args.outer:
+            rows += validation.outer_table(args.outer, costs, mb=args.outer_mb)
         text = validation.markdown(rows)
     elif args.what == "accuracy":
         schemes = sorted({accuracy_time.CURVE_OF[m] for m in args.methods if m in accuracy_time.CURVE_OF})

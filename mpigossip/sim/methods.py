@@ -19,7 +19,11 @@ What a method sends, per rank and step (M = the model's bytes):
 * ``adpsgd``: active ranks (even) read a passive rank's x under its exclusive lock and write
   the average back; passive ranks fold their update into their own window under that lock;
 * ``easgd`` / ``easgd:S``: every rank, shard after shard of the center (on ``S`` ranks,
-  default 1), takes the shard's exclusive lock, reads it, writes it back moved, unlocks.
+  default 1), takes the shard's exclusive lock, reads it, writes it back moved, unlocks;
+* ``localsgd:H`` (Local SGD, DiLoCo and SlowMo over AllReduce): the parameters' AllReduce
+  every ``H`` steps (default 32), nothing between (the outer update is a kernel pass);
+* ``slowmo:H``: SlowMo with inner mixing over SGP: SGP's step every step, and every ``H``
+  steps the exact mean (an AllReduce) before the outer update.
 
 CPU: a rank's whole step as measured (``Costs.method_cpu``) where the calibration has it,
 else the training step's CPU plus the kernel passes named here.
@@ -30,7 +34,9 @@ import random
 from .. import topology as topo_mod
 
 #: The methods the model knows (``osgp`` and ``easgd`` take ``:N``).
-METHODS = ("allreduce", "sgp", "osgp", "agp", "gossip-pull", "adpsgd", "easgd")
+METHODS = ("allreduce", "sgp", "osgp", "agp", "gossip-pull", "adpsgd", "easgd", "localsgd", "slowmo")
+#: The outer methods' default ``H`` (``inner_steps``, as the package's).
+INNER_STEPS = 32
 
 
 class _Lock:
@@ -73,7 +79,8 @@ class Steps:
     def __init__(self, method, cluster, costs, work, seed):
         name, _, arg = method.partition(":")
         if name not in METHODS:
-            raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)} (osgp:T, easgd:S)")
+            raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)} (osgp:T, easgd:S, "
+                             "localsgd:H, slowmo:H)")
         self.name, self.arg = name, int(arg) if arg else None
         self.measured = costs.method_cpu.get(name)
         self.cl, self.costs, self.work = cluster, costs, work
@@ -191,6 +198,20 @@ class Steps:
         sends = [self.cl.send(r, d, self.M + 8, ("ps", k, r, d)) for d in outs]
         recvs = [self.cl.receive(r, ("ps", k, s, r)) for s in ins]
         return sends, recvs
+
+    def _outer_step(self, k):
+        return (k + 1) % (self.arg or INNER_STEPS) == 0
+
+    def _step_localsgd(self, r, k):
+        if self._outer_step(k):
+            yield from self._step_allreduce(r, k)
+            yield self.passes(r, self.M, 2)   # the outer update (anchor, momentum) where not measured
+
+    def _step_slowmo(self, r, k):
+        yield from self._step_sgp(r, k)
+        if self._outer_step(k):
+            yield from self._step_allreduce(r, k)
+            yield self.passes(r, self.M, 2)
 
     def _step_sgp(self, r, k):
         if self.n == 1:

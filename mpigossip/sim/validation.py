@@ -4,14 +4,17 @@
 p4``: throughput of every method with and without a rank twice as slow), simulates each row
 with the calibrated :class:`~.timing.Costs` (nothing refitted), and returns rows with both
 figures and the relative error; :func:`reproduction_table` does the same for a reproduction's
-timed runs (training on the emulated cluster); :func:`markdown` writes them as a table.
+timed runs (training on the emulated cluster) and :func:`outer_table` for ``bench_outer``'s
+runs at two link rates; :func:`markdown` writes them as a table.
 """
 
+import dataclasses
 import json
+import re
 
 from .timing import Workload, simulate
 
-__all__ = ["p4_rows", "p4_table", "reproduction_table", "markdown", "TOLERANCE"]
+__all__ = ["p4_rows", "p4_table", "reproduction_table", "outer_table", "markdown", "TOLERANCE"]
 
 #: The relative error a prediction must stay within.
 TOLERANCE = 0.15
@@ -89,6 +92,49 @@ def reproduction_table(path, costs, *, mb, compute, nodes, per_node, seed=0):
                       "measured": mean, "measured_range": [min(measured), max(measured)], "predicted": predicted,
                       "error": predicted / mean - 1, "source": f"{path} (timed runs)"})
     return table
+
+
+#: bench_outer's rows the time model states (no wire format; not the outer step over gossip),
+#: by their flags: the model's method.
+OUTER_ROWS = {("allreduce", ""): "allreduce", ("sgp", ""): "sgp", ("localsgd", ""): "localsgd",
+              ("diloco", "--momentum 0"): "localsgd", ("slowmo", "--base sgp --inner-mixing"): "slowmo"}
+
+
+def outer_table(path, costs, *, mb, nominal_gbit=1.0, seed=0):
+    """Predicted vs measured for ``benchmarks/bench_outer.py``'s runs (its ``outer.json``: one
+    rank per emulated node, each link rate; their throughput as P4's), for the rows
+    :data:`OUTER_ROWS` states, at each run's link rate (the calibration's link scaled from
+    ``nominal_gbit``, everything else as calibrated). ``mb``: the runs' model in MB."""
+    with open(path) as f:
+        data = json.load(f)
+    meta = data["meta"]
+    groups = {}
+    for r in data["runs"]:
+        flags = " ".join(r["flags"]) if isinstance(r["flags"], list) else str(r["flags"])
+        method = OUTER_ROWS.get((r["algorithm"], flags))
+        if method:
+            method += f":{meta['inner_steps']}" if method in ("localsgd", "slowmo") else ""
+            groups.setdefault((r["rate"], r["row"], method), []).append(r["throughput_steps_s"])
+    table = []
+    for (rate, row, method), measured in sorted(groups.items()):
+        gbit = _gbit(rate)
+        at_rate = dataclasses.replace(costs, link_rate=costs.link_rate * gbit / nominal_gbit)
+        work = Workload(mb=mb, compute=meta["compute_ms"] / 1e3, steps=3 * int(meta["inner_steps"]))
+        predicted = simulate(method, int(meta["ranks"]), 1, work, at_rate, seed=seed)["steps_per_s"]
+        mean = sum(measured) / len(measured)
+        table.append({"ranks": meta["ranks"], "nodes": meta["ranks"], "mb": mb, "algorithm": row,
+                      "case": f"{rate}", "measured": mean, "measured_range": [min(measured), max(measured)],
+                      "predicted": predicted, "error": predicted / mean - 1,
+                      "source": f"{path} ({meta.get('commit', '?')})"})
+    return table
+
+
+def _gbit(rate):
+    """``"100mbit"`` -> 0.1."""
+    m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate)
+    if not m:
+        raise ValueError(f"a link rate such as 100mbit or 1gbit, got {rate!r}")
+    return float(m.group(1)) * {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0}[m.group(2)]
 
 
 def markdown(table, tolerance=TOLERANCE):
