@@ -108,19 +108,7 @@ class _Wrapper(abc.ABC):
         self._check_open()
         t0 = time.perf_counter()
         with self._ordered():
-            try:
-                self._step()
-                met = False
-            except failures.PeerFailure:  # met by one of several groups (_tolerant_groups), or agreeing
-                met = True
-            if self._agreeing:
-                groups = self._tolerant_groups()
-                if met:
-                    revoke(groups)  # (a survivor waiting in another group's exchange fails out of it)
-                met = failures.agree_failed(groups[0].comm, met, timeout=self.timeout,
-                                            op=f"{self.name} (did a rank fail in step {self.steps}?)")
-            if met:
-                recover_together(self._tolerant_groups())
+            self._surviving(self._step)
         if self.on_failure == "continue":
             self._follow_failures()
         self.comm_time_s += time.perf_counter() - t0
@@ -142,6 +130,25 @@ class _Wrapper(abc.ABC):
         (:func:`mpigossip._tolerant.recover_together`): each recovering on its own, a survivor
         could shrink one group while another waits in a later group's exchange with it."""
         return self.comms
+
+    def _surviving(self, run):
+        """``run()`` (the groups' exchanges, in order); a failure met by one of several groups
+        (``_tolerant_groups``) recovers them together, and with :meth:`agree_on_failures` the
+        survivors first agree whether any met one. Returns whether they recovered."""
+        try:
+            run()
+            met = False
+        except failures.PeerFailure:
+            met = True
+        groups = self._tolerant_groups()
+        if self._agreeing:
+            if met:
+                revoke(groups)  # (a survivor waiting in another group's exchange fails out of it)
+            met = failures.agree_failed(groups[0].comm, met, timeout=self.timeout,
+                                        op=f"{self.name} (did a rank fail in step {self.steps}?)")
+        if met:
+            recover_together(groups)
+        return met
 
     def _group_failures(self):
         """After the groups are made (``on_failure="continue"``): several recover together."""

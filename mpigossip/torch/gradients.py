@@ -6,7 +6,6 @@ import torch
 
 from .. import buffers, failures
 from .._ring import Layout
-from .._tolerant import recover_together, revoke
 from ..allreduce import AllreduceAverager
 from .allreduce import AllReduce
 
@@ -202,19 +201,7 @@ class GradientAllReduce(AllReduce):
         own = self._own
         for mine, view in zip(own, self.grad_views):
             mine.array[...] = view.array
-        groups = self._tolerant_groups()
-        while True:
-            try:
-                for averager in self.comms:
-                    averager.average()
-                met = False
-            except failures.PeerFailure:
-                met = True
-                revoke(groups)
-            if not failures.agree_failed(groups[0].comm, met, timeout=self.timeout,
-                                         op=f"{self.name} (did a rank fail averaging the gradients?)"):
-                break
-            recover_together(groups)
+        while self._surviving(lambda: [averager.average() for averager in self.comms]):  # (agreeing)
             for mine, view in zip(own, self.grad_views):  # this rank's own gradients, to average again
                 view.array[...] = mine.array
         for view in self.grad_views:
