@@ -187,6 +187,9 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     on to the end and reach 90% on the digits; summary.json records the failure (SGP: with the
     PushSum weight lost).
 
+    Gossip push: two failures one after the other (rank 4 of 5 at step 100, rank 1 at 200): the
+    3 survivors finish, each failure recorded with the ranks of the launch and the size after.
+
     SGP, with checkpoints every 50 steps: rank 3 dies while writing the one at step 100, which
     is left uncommitted (the one at 50, of 4 ranks, stays the latest); the survivors recover in
     their next step and checkpoint at their new size; a relaunch on 3 ranks resumes exactly
@@ -203,6 +206,14 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     train = [sys.executable, "-m", "mpigossip", "train", "--algorithm", algorithm, "--steps", "300",
              "--on-failure", "continue", "--quiet", "--out", str(tmp_path)]
     launch, env, met_at = ["--with-ft", "ulfm", "-n", "4"], None, (100, 102)
+    if algorithm == "gossip-push":  # two failures, one after the other: 5 ranks, 3 survivors
+        launch[-1] = "5"
+        proc, _ = run([*launch, *train, "--kill", "4:100", "--kill", "1:200"], timeout=240)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        s = json.load(open(tmp_path / "summary.json"))
+        assert s["initial_world_size"] == 5 and s["world_size"] == 3 and s["final_accuracy"] >= 0.9, s
+        assert [(f["ranks"], f["size"], f["train_step"]) for f in s["failures"]] == [([4], 4, 100), ([1], 3, 200)], s
+        return
     if algorithm == "sgp":
         launch += ["-x", "MPIGOSSIP_CRASH_IN_CHECKPOINT"]
         env = dict(os.environ, MPIGOSSIP_CRASH_IN_CHECKPOINT="100:3")
@@ -224,7 +235,7 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     assert s["final_accuracy"] >= 0.9, s
     if algorithm == "allreduce":
         assert s["consensus_distance"] == 0, s
-    if algorithm in ("gossip-push", "allreduce"):
+    if algorithm == "allreduce":
         return
     latest = json.load(open(tmp_path / "checkpoints" / "latest.json"))
     assert latest["step"] == 250 and latest["world_size"] == 3 and latest["initial_world_size"] == 4, latest
