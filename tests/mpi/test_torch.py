@@ -267,7 +267,7 @@ def test_make_refuses_options_the_algorithm_does_not_take():
         mgt.make("sgp", model, comm=c, peer=2, max_delay=3, tau=9)
     text = str(err.value)
     assert "unexpected options max_delay, peer, tau" in text and "sgp takes topology, peers, wire, on_failure, hierarchical, node_size, timeout" in text
-    with pytest.raises(TypeError, match="unexpected option beta; allreduce takes bucket_mb, wire, timeout"):
+    with pytest.raises(TypeError, match="unexpected option beta; allreduce takes bucket_mb, wire, on_failure, timeout"):
         mgt.make("allreduce", model, comm=c, beta=0.5)
     with pytest.raises(ValueError, match="unknown algorithm"):
         mgt.make("sgd", model, comm=c)
