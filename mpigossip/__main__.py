@@ -176,7 +176,7 @@ def _run(args):
     if args.command == "timemodel":
         from .reproduce import simulate
         from .sim import cli as sim_cli
-        return sim_cli.main(args, problem_for=simulate.problem)
+        return sim_cli.main(args, problems={"digits": simulate.digits_problem, "synthetic": simulate.problem})
     if args.command == "launch":
         from . import slurm
         return slurm.main(args)

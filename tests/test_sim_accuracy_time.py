@@ -11,6 +11,7 @@ import pytest
 
 from mpigossip import sim
 from mpigossip.sim import accuracy_time as AT
+from mpigossip.sim.scaling import predict
 from mpigossip.sim.timing import Costs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,38 +26,76 @@ def small_problem(seed):
 
 
 def test_steps_to_and_the_median_over_seeds():
-    curve = {"steps": [0, 10, 20, 30], "accuracy": [0.1, 0.5, 0.8, 0.9]}
+    curve = {"steps": [0, 10, 20, 30], "accuracy": [0.1, 0.5, 0.8, 0.9], "rank_accuracy": [0.1, 0.2, 0.3, 0.85]}
     assert AT.steps_to(curve, 0.8) == 20 and AT.steps_to(curve, 0.95) is None
+    assert AT.steps_to(curve, 0.8, "rank_accuracy") == 30
     assert AT._median([10, 30, None]) == 30        # a run that never reached it counts as infinite
     assert AT._median([10, None, None]) is None    # most never reached it
     assert AT._median([10, 20]) == 15
 
 
+def test_mixing_of_each_method():
+    assert AT.mixing_of("allreduce", 2.0) == ("allreduce", 1, 0)
+    assert AT.mixing_of("sgp", 0.1) == ("sgp", 1, 0)          # SGP waits for its messages: it mixes every step
+    assert AT.mixing_of("osgp:2", 1.0) == ("sgp", 1, 2) and AT.mixing_of("osgp", 1.0) == ("sgp", 1, 1)
+    assert AT.mixing_of("agp", 1.0) == ("sgp", 1, 1)
+    assert AT.mixing_of("agp", 0.41) == ("sgp", 2, 1)         # sends when its link is free: a round every 2 steps
+    assert AT.mixing_of("agp", 0.1) == ("sgp", 10, 1)
+    assert AT.mixing_of("agp", 0.001, max_tau=50) == ("sgp", 50, 1) and AT.mixing_of("agp", 0.0)[1] == 64
+    assert AT.label("sgp", 3, 1) == "sgp every 3 delay 1" and AT.label("allreduce") == "allreduce"
+    with pytest.raises(ValueError, match="no accuracy scheme for 'adpsgd'"):
+        AT.mixing_of("adpsgd")
+
+
 def test_accuracy_steps_sets_the_target_from_allreduce():
-    acc = AT.accuracy_steps(small_problem, [4, 8], schemes=["sgp", "gossip-pull"], steps=60, lr=0.2, seeds=(0, 1),
-                            drop=0.02, evals=30)
+    settings = {(4, "sgp", 1, 0), (8, "sgp", 1, 0), (8, "sgp", 4, 1), (4, "gossip-pull", 1, 0)}
+    acc = AT.accuracy_steps(small_problem, settings, steps=60, lr=0.2, seeds=(0, 1), drop=0.02, evals=30)
+    assert set(acc[4]["steps"]) == {"allreduce", "sgp", "gossip-pull"}
+    assert set(acc[8]["steps"]) == {"allreduce", "sgp", "sgp every 4 delay 1"}
     for p in (4, 8):
-        assert set(acc[p]["steps"]) == {"allreduce", "sgp", "gossip-pull"}
-        # AllReduce reaches its own final accuracy less the drop, by its last step at the latest
-        assert acc[p]["steps"]["allreduce"] is not None and acc[p]["steps"]["allreduce"] <= 60
+        # AllReduce reaches its best accuracy of its first half less the drop within that half
+        assert acc[p]["steps"]["allreduce"] is not None and acc[p]["steps"]["allreduce"] <= 30
         assert 0 < acc[p]["target"] < 1
 
 
-def test_time_to_accuracy_is_steps_over_rate_and_the_winner_is_the_first():
-    """With the steps fixed by hand the rows are their steps at the time model's pace; the
-    winner is the least time; faster links never make AllReduce slower to the target."""
+def test_steps_to_target_reads_simulator_records():
+    def rec(scheme, seed, acc, ranks=None, tau=1, delay=0):
+        return {"scheme": scheme, "p": 16, "seed": seed, "tau": tau, "delay": delay, "steps": [0, 10, 20, 30, 40],
+                "accuracy": acc, "rank_accuracy": ranks or acc}
+    records = [rec("allreduce", 0, [0.1, 0.7, 0.9, 0.85, 0.95]),          # target: best of steps 0-20, 0.9, less 0.01
+               rec("sgp", 0, [0.1, 0.5, 0.895, 0.9, 0.9], ranks=[0.1, 0.2, 0.3, 0.5, 0.9]),
+               rec("sgp", 0, [0.1, 0.5, 0.6, 0.7, 0.8], tau=4, delay=1),
+               rec("easgd", 0, [0.1, 0.2, 0.3, 0.9, 0.9], ranks=[0.1, 0.1, 0.1, 0.1, 0.1])]
+    acc = AT.steps_to_target(records, drop=0.01)
+    assert acc == {16: {"target": pytest.approx(0.89), "steps": {"allreduce": 20.0, "sgp": 40.0,
+                                                                 "sgp every 4 delay 1": None, "easgd": 30.0}}}
+    # the exact mean: SGP reaches it at 20; EASGD is its center either way
+    assert AT.steps_to_target(records, drop=0.01, evaluate="mean")[16]["steps"]["sgp"] == 20.0
+    with pytest.raises(ValueError, match="no AllReduce run at p = 16, seed 0"):
+        AT.steps_to_target(records[1:3])
+    with pytest.raises(ValueError, match="evaluate must be"):
+        AT.steps_to_target(records, evaluate="best")
+
+
+def test_join_is_steps_over_rate_and_the_winner_is_the_first():
+    """With the steps fixed by hand the rows are their mixing's steps at the time model's pace;
+    the winner is the least time; faster links never make AllReduce slower to the target."""
     costs = Costs.load(CALIBRATION)
-    accuracy = {4: {"target": 0.8, "steps": {"allreduce": 100.0, "sgp": 130.0, "gossip-pull": None}},
-                8: {"target": 0.8, "steps": {"allreduce": 100.0, "sgp": 100.0, "gossip-pull": 400.0}}}
-    rows = AT.time_to_accuracy(costs, accuracy, rates_gbit=[0.1, 1, 10], per_node=2, mb=4, compute=0.05,
-                               methods=["allreduce", "sgp", "agp", "gossip-pull"], stragglers=(1.0,), time_steps=4)
+    rows = predict(costs, ranks=[4, 8], rates_gbit=[0.1, 1, 10], per_node=2, mb=4, compute=0.05,
+                   methods=("allreduce", "sgp", "agp", "gossip-pull"), steps=4, stragglers=(1.0,))
+    AT.assign_mixing(rows)
+    agp_slow = {r["mixing"] for r in rows if r["method"] == "agp"}
+    assert any("every" in m for m in agp_slow)          # at 0.1 Gbit AGP cannot send every step
+    steps = {"allreduce": 100.0, "sgp": 130.0, "gossip-pull": None}
+    steps.update({m: 150.0 for m in agp_slow})
+    accuracy = {4: {"target": 0.8, "steps": dict(steps)}, 8: {"target": 0.8, "steps": dict(steps, sgp=100.0)}}
+    AT.join(rows, accuracy)
     for r in rows:
-        n = accuracy[r["ranks"]]["steps"][AT.CURVE_OF[r["method"]]]
+        n = accuracy[r["ranks"]]["steps"][r["mixing"]]
         if n is None:
             assert r["seconds_to_target"] is None
         else:
             assert r["seconds_to_target"] == pytest.approx(n / r["steps_per_s"])
-    assert all(r["steps_to_target"] == 130.0 for r in rows if r["method"] == "agp" and r["ranks"] == 4)  # SGP's
     best = AT.winners(rows)
     for (factor, p, rate), (method, seconds, vs_ar) in best.items():
         cell = [r for r in rows if (r["ranks"], r["rate_gbit"]) == (p, rate) and r["seconds_to_target"] is not None]
@@ -66,34 +105,34 @@ def test_time_to_accuracy_is_steps_over_rate_and_the_winner_is_the_first():
               if r["ranks"] == p and r["method"] == "allreduce"]
         assert ar == sorted(ar, reverse=True)
     text = AT.markdown(rows, accuracy)
-    assert "| 4 | 0.1 |" in text and "agp takes sgp's steps" in text
-    with pytest.raises(ValueError, match="no accuracy scheme for \\['adpsgd'\\]"):
-        AT.time_to_accuracy(costs, accuracy, rates_gbit=[1], per_node=2, mb=1, compute=0.05, methods=["adpsgd"])
+    assert "| 4 | 0.1 |" in text and "agp as sgp delay 1" in text and "(every " in text
+
+
+def test_time_to_accuracy_runs_the_mixing_the_time_model_found():
+    costs = Costs.load(CALIBRATION)
+    rows, acc = AT.time_to_accuracy(costs, small_problem, ranks=[4], rates_gbit=[0.05], per_node=2, mb=4,
+                                    compute=0.05, methods=["allreduce", "agp"], stragglers=(1.0,), time_steps=4,
+                                    sim_steps=40, lr=0.2, seeds=(0,), evals=20)
+    agp = next(r for r in rows if r["method"] == "agp")
+    assert agp["tau"] > 1 and agp["mixing"] in acc[4]["steps"]      # simulated at the pace its link allows
+    with pytest.raises(ValueError, match="no accuracy scheme for 'adpsgd'"):
+        AT.time_to_accuracy(costs, small_problem, ranks=[4], rates_gbit=[1], per_node=2, mb=1, compute=0.05,
+                            methods=["adpsgd"])
 
 
 def test_the_accuracy_command_writes_table_json_and_map(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpigossip", "timemodel", "--costs", CALIBRATION, "--out",
-                        str(tmp_path), "accuracy", "--ranks", "4", "8", "--per-node", "2", "--rate-gbit", "1", "10",
-                        "--mb", "1", "--compute-ms", "50", "--methods", "allreduce", "sgp", "--steps", "3",
-                        "--sim-steps", "40", "--seeds", "0"],
+                        str(tmp_path), "--tag", "t", "accuracy", "--ranks", "4", "8", "--per-node", "2",
+                        "--rate-gbit", "1", "10", "--mb", "1", "--compute-ms", "50", "--methods", "allreduce", "sgp",
+                        "--steps", "3", "--sim-steps", "40", "--seeds", "0", "--skew", "0.5", "--stragglers", "1"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    data = json.loads((tmp_path / "timemodel-accuracy.json").read_text())
+    data = json.loads((tmp_path / "timemodel-accuracy-t.json").read_text())
     assert {r["method"] for r in data["rows"]} == {"allreduce", "sgp"} and set(data["accuracy"]) == {"4", "8"}
     assert data["meta"]["calibration"] == CALIBRATION
-    assert (tmp_path / "timemodel-accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "](timemodel-accuracy.png)" in (tmp_path / "timemodel-accuracy.md").read_text()
-
-
-def test_steps_to_target_reads_simulator_records():
-    def rec(scheme, p, seed, acc, lr=0.05):
-        return {"scheme": scheme, "p": p, "seed": seed, "lr": lr, "steps": [0, 10, 20], "accuracy": acc}
-    records = [rec("allreduce", 16, 0, [0.1, 0.7, 0.9]), rec("sgp", 16, 0, [0.1, 0.5, 0.895]),
-               rec("easgd", 16, 0, [0.1, 0.2, 0.3]), rec("allreduce", 16, 0, [0.1, 0.1, 0.1], lr=1.0)]
-    acc = AT.steps_to_target(records, lr=0.05, drop=0.01)
-    assert acc == {16: {"target": pytest.approx(0.89), "steps": {"allreduce": 20.0, "sgp": 20.0, "easgd": None}}}
-    with pytest.raises(ValueError, match="no AllReduce run at p = 16, seed 0, lr 0.05"):
-        AT.steps_to_target(records[1:3], lr=0.05)
+    assert data["accuracy_setting"]["problem"] == "digits" and data["accuracy_setting"]["skew"] == 0.5
+    assert (tmp_path / "timemodel-accuracy-t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "](timemodel-accuracy-t.png)" in (tmp_path / "timemodel-accuracy-t.md").read_text()
 
 
 def test_measured_firsts_from_a_reproductions_timed_runs(tmp_path):

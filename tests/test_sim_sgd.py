@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from mpigossip import sim
+from mpigossip.sim import sgd as sgd_mod
 from mpigossip import topology as T
 
 
@@ -80,7 +81,9 @@ def test_sgp_at_p8_stays_close_to_consensus_on_the_exponential_graph():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"scheme": "ring"}, "scheme"), ({"p": 0}, "p must"), ({"steps": 1.5}, "steps must"),
-    ({"lr": 0.0}, "lr must"), ({"beta": 1.5}, "beta must"), ({"tau": True}, "tau must")])
+    ({"lr": 0.0}, "lr must"), ({"beta": 1.5}, "beta must"), ({"tau": True}, "tau must"),
+    ({"scheme": "gossip-pull", "delay": 1}, "delay is PushSum's"), ({"scheme": "sgp", "delay": -1}, "delay must"),
+    ({"skew": 1.5}, "skew must")])
 def test_run_sgd_rejects_bad_arguments(kwargs, message):
     args = {"scheme": "sgp", "p": 4, "steps": 2, "lr": 0.1, **kwargs}
     with pytest.raises(ValueError, match=message):
@@ -90,3 +93,27 @@ def test_run_sgd_rejects_bad_arguments(kwargs, message):
 def test_problem_rejects_bad_labels():
     with pytest.raises(ValueError, match="labels"):
         sim.SoftmaxRegression(np.zeros((3, 2)), [0, 1, 5], 3)
+
+
+def test_skewed_batches_draw_each_ranks_share_from_its_own_class():
+    rng = np.random.default_rng(0)
+    prob = _problem()
+    count = np.bincount(prob.y)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    own = (np.argsort(prob.y, kind="stable"), start, count, np.arange(6) % len(count))
+    b = sgd_mod._batches(rng, prob, 6, 8, 0.5, own)
+    assert b.shape == (6, 8)
+    for i in range(6):
+        assert (prob.y[b[i, :4]] == i % len(count)).all()      # the first half: rank i's class
+
+
+def test_sgp_mixing_less_often_or_late_leaves_the_ranks_further_apart():
+    """SGP with a round every 8 steps, or its messages 2 rounds late, ends with a larger consensus
+    distance than every step; with skewed data the ranks' own models reach less accuracy."""
+    prob = _problem()
+    every = sim.run_sgd(prob, "sgp", 8, steps=80, lr=0.1, batch=8, seed=3, skew=0.75)
+    rare = sim.run_sgd(prob, "sgp", 8, steps=80, lr=0.1, batch=8, seed=3, skew=0.75, tau=8)
+    late = sim.run_sgd(prob, "sgp", 8, steps=80, lr=0.1, batch=8, seed=3, skew=0.75, delay=2)
+    assert rare["consensus"][-1] > 2 * every["consensus"][-1] and late["consensus"][-1] > every["consensus"][-1]
+    assert np.mean(rare["rank_accuracy"][-5:]) < np.mean(every["rank_accuracy"][-5:])
+    assert every["tau"] == 1 and rare["tau"] == 8 and late["delay"] == 2 and every["skew"] == 0.75

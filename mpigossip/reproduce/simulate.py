@@ -1,6 +1,8 @@
 """The simulator's part of ``reproduce`` (no MPI): consensus error per graph at p = 1024,
 and SGD with each averaging scheme on a convex problem as p grows (finding (d) beyond 16)."""
 
+import numpy as np
+
 from .. import sim
 from .. import topology as topo_mod
 from ..train import data as data_mod
@@ -29,6 +31,17 @@ def problem(seed):
     """The synthetic accuracy runs' data (:data:`.experiments.PROBLEM`) as a convex softmax regression."""
     d = data_mod.synthetic(10000, 12, 10, seed, clusters=8, label_noise=0.2)
     return sim.SoftmaxRegression(d.x_train, d.y_train, d.classes, x_test=d.x_test, y_test=d.y_test)
+
+
+def digits_problem(seed):
+    """scikit-learn's digits as a convex softmax regression, split in halves by ``seed`` (899
+    test images: an accuracy step of 0.1%): its accuracy rises for hundreds of steps at lr
+    0.05, where the synthetic data's plateaus within a few dozen."""
+    d = data_mod.digits(seed)
+    x, y = np.concatenate([d.x_train, d.x_test]), np.concatenate([d.y_train, d.y_test])
+    order = np.random.default_rng(seed).permutation(len(y))
+    train, test = order[:len(y) // 2], order[len(y) // 2:]
+    return sim.SoftmaxRegression(x[train], y[train], d.classes, x_test=x[test], y_test=y[test])
 
 
 def sgd_scaling(sizes, steps, seeds, progress):

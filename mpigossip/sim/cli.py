@@ -23,7 +23,8 @@ from .timing import Costs
 
 def add_arguments(parser):
     parser.add_argument("--costs", required=True, help="the calibration (benchmarks/calibrate_time.py --out FILE)")
-    parser.add_argument("--out", help="folder for timemodel-{validate,predict,accuracy}.{md,json}")
+    parser.add_argument("--out", help="folder for timemodel-{validate,predict,accuracy}[-TAG].{md,json}")
+    parser.add_argument("--tag", help="appended to the files' names (timemodel-accuracy-TAG.md, ...)")
     sub = parser.add_subparsers(dest="what", required=True)
     val = sub.add_parser("validate", help="predict the P4 benchmark's rows and set them beside the measurements")
     val.add_argument("p4", nargs="*", metavar="P4.json", help="result files of bench_network.py --parts p4")
@@ -40,12 +41,23 @@ def add_arguments(parser):
     _cluster_arguments(pre, scaling.DEFAULT_METHODS)
     acc = sub.add_parser("accuracy", help="time to a target accuracy as ranks and link rate grow, and a map of "
                          "the method first to it")
-    _cluster_arguments(acc, tuple(accuracy_time.CURVE_OF))
-    acc.add_argument("--sim-steps", type=int, default=400, help="SGD steps of the accuracy simulator (default: 400)")
+    _cluster_arguments(acc, ("allreduce", "sgp", "osgp:2", "agp", "gossip-pull", "easgd"))
+    acc.add_argument("--problem", choices=("digits", "synthetic"), default="digits",
+                     help="the accuracy simulator's softmax regression: on scikit-learn's digits (its accuracy "
+                          "rises for hundreds of steps; default) or the reproduction's synthetic data")
+    acc.add_argument("--skew", type=float, default=0.0,
+                     help="fraction of each rank's minibatch drawn from one class of its own (default: 0, i.i.d.)")
+    acc.add_argument("--evaluate", choices=("ranks", "mean"), default="ranks",
+                     help="the ranks' own models (default; EASGD's center) or their exact mean")
+    acc.add_argument("--sim-steps", type=int, default=1000,
+                     help="SGD steps of the accuracy simulator (default: 1000)")
     acc.add_argument("--lr", type=float, default=0.05, help="the accuracy simulator's step size (default: 0.05)")
     acc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     acc.add_argument("--drop", type=float, default=0.01,
-                     help="target: AllReduce's final accuracy at that p less this (default: 0.01)")
+                     help="target: AllReduce's best accuracy in its first half of the steps at that p less this "
+                          "(default: 0.01)")
+    acc.add_argument("--stragglers", type=float, nargs="+", default=[1.0, 2.0],
+                     help="rank 1's compute factors (default: 1 2)")
     acc.add_argument("--measured", metavar="RESULTS_JSON",
                      help="a reproduction's results.json whose timed runs (measured on a cluster: pass the "
                           "same --mb and --compute-ms as theirs) put the method first to their target on the map")
@@ -71,9 +83,10 @@ def _meta(costs_path):
             "calibration": costs_path, "calibration_meta": calibration.get("meta", {})}
 
 
-def main(args, problem_for=None):
-    """``problem_for(seed)``: the accuracy simulator's problem (``accuracy``; the command line
-    passes the reproduction's synthetic softmax regression)."""
+def main(args, problems=None):
+    """``problems``: ``{name: problem_for(seed)}``, the accuracy simulator's problems
+    (``accuracy --problem``; the command line passes the digits and the reproduction's
+    synthetic data)."""
     costs = Costs.load(args.costs)
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     extra = {}
@@ -92,14 +105,21 @@ def main(args, problem_for=None):
             rows += validation.outer_table(args.outer, costs, mb=args.outer_mb)
         text = validation.markdown(rows)
     elif args.what == "accuracy":
-        schemes = sorted({accuracy_time.CURVE_OF[m] for m in args.methods if m in accuracy_time.CURVE_OF})
-        accuracy = accuracy_time.accuracy_steps(problem_for, args.ranks, schemes=schemes, steps=args.sim_steps,
-                                                lr=args.lr, seeds=args.seeds, drop=args.drop, progress=progress)
-        rows = accuracy_time.time_to_accuracy(costs, accuracy, rates_gbit=args.rate_gbit, per_node=args.per_node,
-                                              mb=args.mb, compute=args.compute_ms / 1e3, methods=args.methods,
-                                              time_steps=args.steps, progress=progress)
-        text = accuracy_time.markdown(rows, accuracy)
-        extra = {"accuracy": {str(p): a for p, a in accuracy.items()}}
+        rows, accuracy = accuracy_time.time_to_accuracy(
+            costs, problems[args.problem], ranks=args.ranks, rates_gbit=args.rate_gbit, per_node=args.per_node,
+            mb=args.mb, compute=args.compute_ms / 1e3, methods=args.methods, stragglers=tuple(args.stragglers),
+            time_steps=args.steps, sim_steps=args.sim_steps, lr=args.lr, seeds=tuple(args.seeds), drop=args.drop,
+            skew=args.skew, evaluate=args.evaluate, progress=progress)
+        text = (f"Accuracy simulator: softmax regression on the {args.problem} data, plain SGD, batch 16 per rank, "
+                f"lr {args.lr:g}, {args.sim_steps} steps, seeds {', '.join(map(str, args.seeds))}, "
+                + (f"{args.skew:g} of each rank's batch from its own class" if args.skew else "i.i.d. batches")
+                + "; evaluated: " + ("the ranks' own models (EASGD: its center)" if args.evaluate == "ranks"
+                                     else "the exact mean of the ranks' models") + "; "
+                f"target: AllReduce's best accuracy in its first {args.sim_steps // 2} steps less {args.drop:g}.\n\n" + accuracy_time.markdown(rows, accuracy))
+        extra = {"accuracy": {str(p): a for p, a in accuracy.items()},
+                 "accuracy_setting": {"problem": args.problem, "skew": args.skew, "evaluate": args.evaluate,
+                                      "sim_steps": args.sim_steps, "lr": args.lr, "seeds": args.seeds,
+                                      "drop": args.drop}}
     else:
         rows = scaling.predict(costs, ranks=args.ranks, rates_gbit=args.rate_gbit, per_node=args.per_node,
                                mb=args.mb, compute=args.compute_ms / 1e3,
@@ -109,7 +129,7 @@ def main(args, problem_for=None):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         meta = _meta(args.costs)
-        base = os.path.join(args.out, f"timemodel-{args.what}")
+        base = os.path.join(args.out, f"timemodel-{args.what}" + (f"-{args.tag}" if args.tag else ""))
         with open(base + ".json", "w") as f:
             json.dump({"meta": meta, "rows": rows, **extra}, f, indent=1)
         figure = ""

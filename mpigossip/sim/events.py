@@ -22,6 +22,8 @@ two flows through one link each get half of it, a flow alone gets all of it.
 import heapq
 import math
 
+import numpy as np
+
 __all__ = ["Engine", "Event", "Fabric"]
 
 
@@ -121,10 +123,10 @@ class Engine:
 
 
 class _Flow:
-    __slots__ = ("left", "resources", "weights", "cap", "rate", "event")
+    __slots__ = ("left", "index", "weights", "cap", "rate", "event")
 
-    def __init__(self, amount, resources, weights, cap, event):
-        self.left, self.resources, self.weights = amount, resources, weights
+    def __init__(self, amount, index, weights, cap, event):
+        self.left, self.index, self.weights = amount, index, weights
         self.cap, self.rate, self.event = cap, 0.0, event
 
 
@@ -141,10 +143,18 @@ class Fabric:
             if not c > 0:
                 raise ValueError(f"resource {name!r}: capacity must be > 0, got {c}")
         self.engine, self.capacity = engine, dict(capacity)
+        self._names = list(capacity)
+        self._slot = {name: i for i, name in enumerate(self._names)}
+        self._cap = np.array([float(capacity[n]) for n in self._names])
+        self._carried = np.zeros(len(self._names))
         self._flows = []
         self._last = 0.0
         self._version = 0
-        self.carried = {name: 0.0 for name in capacity}  # units moved through each resource
+
+    @property
+    def carried(self):
+        """``{name: units moved through it}`` so far."""
+        return dict(zip(self._names, self._carried.tolist()))
 
     def transfer(self, amount, resources, *, cap=math.inf, latency=0.0):
         """An event that fires when ``amount`` units have crossed every one of ``resources``
@@ -162,10 +172,12 @@ class Fabric:
         if amount <= 0:
             self.engine.call_at(self.engine.now + latency, done.succeed)
             return done
+        index = np.array([self._slot[n] for n in weights], dtype=np.intp)
+        w = np.array(list(weights.values()), dtype=float)
 
         def start():
             self._advance()
-            self._flows.append(_Flow(float(amount), tuple(weights), tuple(weights.values()), cap, done))
+            self._flows.append(_Flow(float(amount), index, w, cap, done))
             self._reschedule()
         self.engine.call_at(self.engine.now + latency, start)
         return done
@@ -173,13 +185,20 @@ class Fabric:
     def _advance(self):
         """Move every flow on by its rate since the last change."""
         dt = self.engine.now - self._last
-        if dt > 0:
+        if dt > 0 and self._flows:
             for f in self._flows:
-                moved = f.rate * dt
-                f.left -= moved
-                for name, w in zip(f.resources, f.weights):
-                    self.carried[name] += moved * w
+                f.left -= f.rate * dt
+            fi, ri, w = self._incidence()
+            rates = np.array([f.rate for f in self._flows])
+            self._carried += np.bincount(ri, w * rates[fi] * dt, minlength=len(self._cap))
         self._last = self.engine.now
+
+    def _incidence(self):
+        """Per (flow, resource) pair: the flow's position, the resource's, and the weight."""
+        flows = self._flows
+        counts = [len(f.index) for f in flows]
+        fi = np.repeat(np.arange(len(flows)), counts)
+        return fi, np.concatenate([f.index for f in flows]), np.concatenate([f.weights for f in flows])
 
     def _rates(self):
         """Max-min fair rates by progressive filling, each flow's rate counted in units of its
@@ -188,26 +207,31 @@ class Fabric:
         through a full resource are fixed. Flows over the same first resource (the transfers
         out of one link) share max-min fairly as usual; flows of different units, bytes over a
         link and CPU-seconds on a core pool, share a pool by the same fraction of their pace."""
-        left = dict(self.capacity)
-        unfixed = list(self._flows)
-        solo = {}
-        for f in unfixed:
-            f.rate = 0.0
-            solo[id(f)] = min(f.cap, self.capacity[f.resources[0]] / f.weights[0])
-        while unfixed:
-            load = {}   # units of each resource per unit of the common level
-            for f in unfixed:
-                for name, w in zip(f.resources, f.weights):
-                    load[name] = load.get(name, 0.0) + w * solo[id(f)]
-            level = min([left[name] / n for name, n in load.items()] + [1.0])
-            full = {name for name, n in load.items() if left[name] / n <= level * (1 + 1e-12)}
-            fixed = [f for f in unfixed if level >= 1.0 or full.intersection(f.resources)]
-            for f in fixed:
-                f.rate = level * solo[id(f)]
-                for name, w in zip(f.resources, f.weights):
-                    left[name] = max(0.0, left[name] - f.rate * w)
-            fixed = set(map(id, fixed))
-            unfixed = [f for f in unfixed if id(f) not in fixed]
+        flows = self._flows
+        if not flows:
+            return
+        n, nres = len(flows), len(self._cap)
+        fi, ri, w = self._incidence()
+        solo = np.array([min(f.cap, self._cap[f.index[0]] / f.weights[0]) for f in flows])
+        rate = np.zeros(n)
+        left = self._cap.copy()
+        unfixed = np.ones(n, dtype=bool)
+        while unfixed.any():
+            load = np.bincount(ri, w * solo[fi] * unfixed[fi], minlength=nres)  # per unit of the level
+            used = load > 0
+            ratio = np.full(nres, np.inf)
+            ratio[used] = left[used] / load[used]
+            level = min(float(ratio.min()), 1.0)
+            if level >= 1.0:
+                fixed = unfixed
+            else:
+                full = used & (ratio <= level * (1 + 1e-12))
+                fixed = unfixed & (np.bincount(fi, full[ri].astype(float), minlength=n) > 0)
+            rate[fixed] = level * solo[fixed]
+            left = np.maximum(0.0, left - np.bincount(ri, w * rate[fi] * fixed[fi], minlength=nres))
+            unfixed = unfixed & ~fixed
+        for f, r in zip(flows, rate.tolist()):
+            f.rate = r
 
     def _reschedule(self):
         self._rates()
@@ -227,8 +251,10 @@ class Fabric:
         self._advance()
         # done: less than a femtosecond-per-second of the clock left to go (time adds up in floats)
         eps = 1e-12 * max(1.0, self.engine.now)
-        finished = [f for f in self._flows if f.left <= f.rate * eps or f.left <= 1e-12]
-        self._flows = [f for f in self._flows if f not in finished]
+        finished, going = [], []
+        for f in self._flows:
+            (finished if f.left <= f.rate * eps or f.left <= 1e-12 else going).append(f)
+        self._flows = going
         self._reschedule()
         for f in finished:
             f.event.succeed()
