@@ -12,6 +12,9 @@ import sys
 from . import progress
 from .train import cli
 
+#: The time model's calibration in a checkout (``reproduce --calibration``'s default).
+CALIBRATION = "benchmarks/results/time-calibration-1gbit.json"
+
 
 def _print_on_rank0(text):
     if cli.launcher_rank() in (None, 0):
@@ -78,6 +81,9 @@ def build_parser():
     rep.add_argument("--timeout", type=float, default=1800, help="seconds one MPI job may take (default: 1800)")
     rep.add_argument("--resume", action="store_true",
                      help="reuse the jobs already finished in --out (an interrupted reproduction continues)")
+    rep.add_argument("--calibration", metavar="COSTS_JSON", default=CALIBRATION,
+                     help="the time model's calibration, for the simulator's predicted times to the target in "
+                     "finding (d-sim) (default: the repository's %(default)s; 'none' to leave them out)")
     rep.add_argument("--accuracy-from", metavar="RESULTS_JSON",
                      help="take the accuracy runs from an earlier reproduction's results.json (same mode and "
                      "dataset) and run only the timed runs and the simulator: a change to communication re-measured "

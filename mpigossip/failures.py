@@ -91,18 +91,22 @@ def wait(requests, *, comm, timeout, op, peer=None):
     """:func:`mpigossip.deadline.wait` of ``requests`` (persistent ones: their completion in
     error must not free them) that raises :class:`PeerFailure` when a peer has failed or the
     communicator was revoked; other MPI errors propagate, a timeout ends the job as always."""
+    deadline.wait_until(lambda: test(requests, op), comm=comm, timeout=timeout, op=op,
+                        peer=deadline.naming(requests, peer))
+
+
+def test(requests, op):
+    """``MPI_Testall`` of ``requests`` (persistent ones: see :func:`wait`): whether all have
+    completed; raises :class:`PeerFailure` when a peer has failed or the communicator was
+    revoked."""
     statuses = [MPI.Status() for _ in requests]
-
-    def done():
-        try:
-            return MPI.Request.Testall(requests, statuses)
-        except MPI.Exception as exc:
-            cls = _error_class(exc, statuses)
-            if cls in FAILED:
-                raise PeerFailure(op, cls) from None
-            raise
-
-    deadline.wait_until(done, comm=comm, timeout=timeout, op=op, peer=deadline.naming(requests, peer))
+    try:
+        return MPI.Request.Testall(requests, statuses)
+    except MPI.Exception as exc:
+        cls = _error_class(exc, statuses)
+        if cls in FAILED:
+            raise PeerFailure(op, cls) from None
+        raise
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from ._base import check_chunk_bytes, step_tag, tag_period
 from ._checks import check_integer
 from ._pipeline import Pipeline
 from ._tolerant import PersistentExchange
+from ._tolerant_overlap import PersistentOverlap
 from ._pushsum_base import PushSumBase
 from ._registry import OPTION_DEFAULTS
 from .agp import AsyncPushSum
@@ -87,8 +88,10 @@ class PushSum(PushSumBase):
             step, the communicator shrinks to the survivors, the topology is rebuilt over
             them, the mass the lost ranks held (or had in flight) is gone and reported in
             :attr:`failures`, and ``z = x / w`` goes on averaging the survivors. Survivors of
-            a failure must end with :func:`mpigossip.failures.exit`. Synchronous ``step()``
-            only, without ``wire`` or ``join()``.
+            a failure must end with :func:`mpigossip.failures.exit`. Overlap mode
+            (``start()``/``finish()``) survives too, on persistent requests: what was in flight
+            at the failure (shares sent and not yet added) is lost with it and counted in the
+            weight lost. Without ``wire`` or ``join()``.
     """
 
     _name = "PushSum"
@@ -125,6 +128,8 @@ class PushSum(PushSumBase):
         self._pending = []     # overlap: _Message list, oldest first
         self._consumed = []    # overlap: messages arrived and not yet combined
         self._overlap = False  # whether the last step was start()/finish() (leave() steps the same way)
+        self._overlap_exchange = None  # on_failure="continue": overlap mode's PersistentOverlap
+        self._counted = False  # (continue) this start()'s step already counts: its finish() only ends it
 
     # ------------------------------------------------------------------ helpers
     def _recv_slot(self, index):
@@ -135,7 +140,8 @@ class PushSum(PushSumBase):
     @property
     def in_flight(self):
         """Whether any overlap-mode message is still pending or unsent."""
-        return bool(self._pending or self._consumed or self._sends or self._started)
+        tolerant = self._overlap_exchange is not None and self._overlap_exchange.in_flight
+        return bool(self._pending or self._consumed or self._sends or self._started or tolerant)
 
     # ------------------------------------------------------------------ synchronous
     def step(self):
@@ -196,10 +202,9 @@ class PushSum(PushSumBase):
         self._check_open()
         if self._started:
             raise RuntimeError("PushSum.start(): call finish() before the next start()")
-        if self._exchange is not None:
-            raise RuntimeError("PushSum(on_failure='continue') survives failures in step() only, not in "
-                               "start()/finish()")
         self._overlap = True
+        if self._exchange is not None:
+            return self._tolerant_start()
         if self._agree_members():
             return
         k = self.steps
@@ -250,6 +255,52 @@ class PushSum(PushSumBase):
             self._release()
         self._started = True
 
+    def _tolerant_start(self):
+        """start() with on_failure="continue" (:mod:`mpigossip._tolerant_overlap`)."""
+        if self._together:
+            raise RuntimeError(f"{self._name}.start(): overlap mode with on_failure='continue' recovers one "
+                               "PushSum at a time, not several stepped together")
+        k = self.steps
+        self._started = True
+        if self._skip:   # a survivor that was behind when a peer failed: this step only counts
+            self._skip -= 1
+            self.steps += 1
+            self._counted = True
+            return
+        if self._overlap_exchange is None:
+            self._overlap_exchange = PersistentOverlap(self)
+        self.topology.check_step(k)
+        self_weight, out_weights = self.topology.mixing_weights(self.rank, k)
+        ins = self.topology.in_peers(self.rank, k)
+        try:
+            self._overlap_exchange.start(k, self_weight, sorted(out_weights), ins, _uniform(self_weight, out_weights),
+                                         f"{self._name}.start (step {k})")
+        except failures.PeerFailure:
+            self._recover(k)
+
+    def _tolerant_finish(self):
+        k = self.steps
+        self._started = False
+        if self._counted:
+            self._counted = False
+            return
+        try:
+            self._overlap_exchange.finish(k, f"{self._name}.finish (step {k})", force_before=k - self.max_delay)
+        except failures.PeerFailure:
+            self._recover(k)
+            return
+        self.steps += 1
+
+    def _recover(self, entry):
+        """Survives' recovery, and in overlap mode: what was in flight is lost, and a step whose
+        start() met the failure counts (its finish() only ends it)."""
+        if self._overlap_exchange is not None:
+            self._overlap_exchange.salvage()
+            self._overlap_exchange.abandon()
+        super()._recover(entry)
+        if self._started:
+            self._counted = True
+
     def _receive_factor(self, src, k):
         """How the receiver scales what ``src`` sent at step k (overlap mode)."""
         own, peers = self.topology.mixing_weights(src, k)
@@ -282,6 +333,8 @@ class PushSum(PushSumBase):
         self._check_open()
         if not self._started:
             raise RuntimeError("PushSum.finish(): start() was not called")
+        if self._exchange is not None:
+            return self._tolerant_finish()
         k = self.steps
         self._progress_sends()
         self._progress_recvs(force_before=k - self.max_delay)
@@ -308,6 +361,12 @@ class PushSum(PushSumBase):
         self._check_open()
         if self._started:
             raise RuntimeError("PushSum.drain(): call finish() first")
+        if self._overlap_exchange is not None:
+            try:
+                self._overlap_exchange.drain(f"{self._name}.drain")
+            except failures.PeerFailure:
+                self._recover(self.steps - 1)   # what was in flight is lost; the steps stand
+            return
         if self._pending:
             self._progress_recvs(force_before=self.steps, op="drain")
             self._consume()
@@ -361,6 +420,8 @@ class PushSum(PushSumBase):
             self._complete()
             if self._exchange is not None and not self.failures:
                 self._exchange.free()
+                if self._overlap_exchange is not None:
+                    self._overlap_exchange.free()
         self._free_comm()
 
     def __repr__(self):

@@ -94,6 +94,23 @@ def test_d_easgd_degrading_with_p_at_every_step_size():
     assert f.verdict == F.NOT and len(f.decisions) == 4
 
 
+def test_d_sim_with_time_is_the_simulators_steps_over_the_time_models_pace():
+    def rec(scheme, p, acc, ranks=None):
+        return {"scheme": scheme, "p": p, "lr": 0.05, "seed": 0, "steps": [0, 10, 20, 30], "accuracy": acc,
+                "rank_accuracy": ranks or acc, "loss": [2.0, 1.0, 0.9, 0.8 if scheme != "easgd" else 0.95]}
+    sims = [rec(s, p, [0.1, 0.5, 0.8, 0.8], ranks=[0.1, 0.2, 0.6, 0.8] if s == "sgp" else None)
+            for p in (4, 16) for s in ("allreduce", "sgp", "gossip-push", "gossip-pull", "easgd")]
+    speeds = [{"ranks": p, "method": m, "steps_per_s": v} for p in (4, 16)
+              for m, v in (("allreduce", 2.0), ("sgp", 4.0), ("gossip-pull", 5.0), ("easgd", 1.0))]
+    f = F.easgd_scaling_sim(sims, speeds, "setting X")
+    text = "\n".join(f.extra)
+    # target: the best of AllReduce's first half (0.5) less 0.01; AllReduce at step 10 at 2 steps/s: 5 s;
+    # SGP's own models at step 20 at 4 steps/s; gossip push has no time
+    assert "| 0.05 | 4 | 0.490 | 5.0 (10) | 5.0 (20) | (10) | 2.0 (10) | 10.0 (10) |" in text
+    assert "setting X" in text and "gossip-push: not in the time model" in text
+    assert F.easgd_scaling_sim(sims).extra == []     # without speeds: steps are judged as before, no times
+
+
 def test_e_accuracy_gap_and_timing_judged_only_on_a_cluster():
     recs = grid({"allreduce": 1.0, "sgp": 1.0})
     recs = [dict(r, final_accuracy=0.80 if r["algorithm"] == "allreduce" else 0.795) for r in recs]
@@ -197,6 +214,10 @@ def test_quick_mode_end_to_end(tmp_path):
     assert {r["world_size"] for r in res["accuracy_runs"]} == {4, 8, 16}
     judged = F.judge(res["accuracy_runs"], res["timed_runs"], res["simulator"], timed_on_cluster=False)
     assert [f.key for f in judged] == ["a", "b", "c", "d", "d-sim", "e"]
+    # (d-sim) with time: the time model's steps per second of the simulated schemes at each simulated p
+    assert {(r["ranks"], r["method"]) for r in res["simulator_speeds"]} == {
+        (p, m) for p in (4, 16, 64) for m in ("allreduce", "sgp", "gossip-pull", "easgd")}
+    assert "Predicted time to the target (the time model calibrated in `time-calibration-1gbit.json`" in text
     for f in judged:  # the report states exactly the verdicts the rules give on the recorded runs
         assert f"| {f.key} | {f.claim} | **{f.verdict}** |" in text
         assert f.verdict in (F.REPRODUCED, F.PARTLY, F.NOT, F.UNDECIDED_V, F.UNTESTED)

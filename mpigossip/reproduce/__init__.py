@@ -58,10 +58,23 @@ def main(args):
     progress("simulator: consensus curves")
     curves = simulate.consensus_curves(setting["consensus_size"], setting["consensus_steps"])
     sim_records = simulate.sgd_scaling(setting["sim_sizes"], setting["sim_steps"], setting["sim_seeds"], progress)
-    judged = findings.judge(records, timed, sim_records, timed_on_cluster=bool(args.timed_mpiexec))
+    speeds, speed_setting = [], ""
+    calibration = getattr(args, "calibration", None)
+    if calibration and calibration != "none":
+        if os.path.exists(calibration):
+            progress("time model: the simulated schemes' steps per second")
+            mb, compute_ms = simulate.TIMED_MB, setting["timed_compute_ms"]
+            speeds = simulate.predicted_speeds(calibration, setting["sim_sizes"], mb=mb, compute=compute_ms / 1e3)
+            speed_setting = (f"the time model calibrated in `{os.path.basename(calibration)}`, the timed runs' "
+                             f"workload ({mb:g} MB, {compute_ms:g} ms of compute a step), 2 ranks per node, 1 Gbit "
+                             "links")
+        else:
+            progress(f"time model: no calibration at {calibration}: (d-sim) without times")
+    judged = findings.judge(records, timed, sim_records, timed_on_cluster=bool(args.timed_mpiexec),
+                            sim_speeds=speeds, speed_setting=speed_setting)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"accuracy_runs": records, "timed_runs": timed, "simulator": sim_records,
-                   "consensus_curves": curves}, f)
+                   "simulator_speeds": speeds, "consensus_curves": curves}, f)
     minutes = (time.perf_counter() - t0) / 60
 
     def shown(cmd):  # a launcher inside the working folder as a relative path: the report is read elsewhere

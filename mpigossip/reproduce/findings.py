@@ -138,6 +138,7 @@ class Finding:
         self.key, self.claim, self.setting, self.rule = key, claim, setting, rule
         self.header = list(header)
         self.rows, self.notes, self.decisions, self.verdict = [], [], [], UNTESTED
+        self.extra = []   # markdown lines after the notes (figures that are not judged)
 
     def row(self, *cells):
         self.rows.append([str(c) for c in cells])
@@ -267,9 +268,11 @@ def easgd_scaling(records, p_small, p_large):
     return f.close()
 
 
-def easgd_scaling_sim(sim_records):
+def easgd_scaling_sim(sim_records, speeds=None, speed_setting=""):
     """(d) beyond 16, in the simulator: at every step size EASGD's final loss over the better
-    gossip's grows from the smallest to the largest p and ends above 1."""
+    gossip's grows from the smallest to the largest p and ends above 1. With the time model's
+    ``speeds`` (rows of steps per second per rank of each scheme at each p), also each scheme's
+    predicted time to the target (not judged)."""
     f = Finding("d-sim", "beyond p = 16 (simulator): EASGD degrades as p grows, gossip does better",
                 "softmax regression, " + _sim_setting(sim_records),
                 "per step size and seed: r(p) = EASGD's final training loss / the better gossip's (better on the "
@@ -286,7 +289,42 @@ def easgd_scaling_sim(sim_records):
         f.row(f"lr = {lr:g}", ", ".join(f"p={p}: {statistics.fmean(v.values()):.4f}" for p, v in r.items()))
         f.decide(less(f"lr = {lr:g}: r(p = {sizes[-1]}) above r(p = {sizes[0]})", r[sizes[0]], r[sizes[-1]]))
         f.decide(less(f"lr = {lr:g}: r(p = {sizes[-1]}) above 1", {s: 1.0 for s in r[sizes[-1]]}, r[sizes[-1]]))
+    if speeds:
+        f.extra = _sim_times(sim_records, speeds, speed_setting)
     return f.close()
+
+
+def _sim_times(sim_records, speeds, setting):
+    """(d-sim) with time: the simulator's steps to the target over the time model's steps per
+    second, per step size, p and scheme (markdown lines)."""
+    from ..sim import accuracy_time
+    from .simulate import TIMED_SCHEMES
+    pace = {(r["ranks"], r["method"]): r["steps_per_s"] for r in speeds}
+    schemes = list(dict.fromkeys(r["scheme"] for r in sim_records))
+    lines = ["", f"Predicted time to the target ({setting}; the target and the steps: "
+             "`timemodel accuracy`'s rule, the ranks' own models, EASGD's center; seconds, and in brackets the "
+             "steps; not judged):", ""]
+    rows = []
+    for lr in sorted({r["lr"] for r in sim_records}):
+        steps = accuracy_time.steps_to_target([r for r in sim_records if r["lr"] == lr])
+        for p, a in sorted(steps.items()):
+            cells = []
+            for scheme in schemes:
+                n = a["steps"].get(scheme)
+                v = pace.get((p, TIMED_SCHEMES.get(scheme)))
+                cells.append("-" if n is None else f"({n:g})" if v is None else f"{n / v:.1f} ({n:g})")
+            rows.append([f"{lr:g}", str(p), f"{a['target']:.3f}"] + cells)
+    lines += md_table(["step size", "p", "target"] + schemes, rows)
+    missing = [s for s in schemes if s not in TIMED_SCHEMES]
+    if missing:
+        lines.append(f"\n{', '.join(missing)}: not in the time model (steps only).")
+    return lines
+
+
+def md_table(header, rows):
+    """A markdown table: the header row, the rule, a row per list of cells."""
+    return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+            + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _sim_setting(sim_records):
@@ -410,8 +448,8 @@ def _secs(t):
     return str(Stat(values)) + ("" if len(values) == len(t) else f" ({len(t) - len(values)} never)")
 
 
-def judge(records, timed, sim_records, *, timed_on_cluster):
-    """Every finding, in order."""
+def judge(records, timed, sim_records, *, timed_on_cluster, sim_speeds=None, speed_setting=""):
+    """Every finding, in order (``sim_speeds``: the time model's, for (d-sim)'s times)."""
     sizes = _sizes(records)
     lrs = sorted({r["lr"] for r in records})
     head = 8 if 8 in sizes else sizes[len(sizes) // 2]
@@ -423,6 +461,6 @@ def judge(records, timed, sim_records, *, timed_on_cluster):
     if 16 in sizes and head != 16:
         out.append(easgd_scaling(records, head, 16))
     if sim_records:
-        out.append(easgd_scaling_sim(sim_records))
+        out.append(easgd_scaling_sim(sim_records, sim_speeds, speed_setting))
     out.append(sgp(records, timed, timed_on_cluster))
     return out

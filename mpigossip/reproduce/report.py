@@ -2,7 +2,7 @@
 
 import os
 
-from .findings import Stat, auc, select, sim_final, target_accuracy, throughput, time_to_accuracy
+from .findings import Stat, auc, md_table as _table, select, sim_final, target_accuracy, throughput, time_to_accuracy
 
 
 def _plt():
@@ -112,9 +112,6 @@ def sim_scaling_figure(sim_records, path):
     plt.close(fig)
 
 
-def _table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _runs_table(records):
@@ -185,7 +182,7 @@ def write(out, *, findings, records, timed, sim_records, curves, consensus_p, he
             width = max(len(r) for r in f.rows)
             head = (f.header + [""] * width)[:width]
             lines += _table(head, [r + [""] * (width - len(r)) for r in f.rows])
-        lines += [""] + [f"- {n}" for n in f.notes]
+        lines += [""] + [f"- {n}" for n in f.notes] + list(f.extra)
     lines += ["", "## All accuracy runs (mean ± spread over seeds)", ""] + _runs_table(records)
     if timed:
         lines += ["", "## Timed runs", ""] + _timed_table(timed)

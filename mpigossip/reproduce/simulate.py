@@ -1,5 +1,6 @@
 """The simulator's part of ``reproduce`` (no MPI): consensus error per graph at p = 1024,
-and SGD with each averaging scheme on a convex problem as p grows (finding (d) beyond 16)."""
+SGD with each averaging scheme on a convex problem as p grows (finding (d) beyond 16), and
+the time model's steps per second of those schemes at those p (their time to the target)."""
 
 import numpy as np
 
@@ -56,3 +57,24 @@ def sgd_scaling(sizes, steps, seeds, progress):
                     r = sim.run_sgd(prob, scheme, p, steps=steps, lr=lr, batch=16, seed=seed)
                     records.append({**r, "seed": seed})
     return records
+
+
+#: The timed runs' model in MB (the Fashion-MNIST MLP, width 256), as the time model's
+#: validation takes it (``timemodel validate --reproduction-mb``).
+TIMED_MB = 1.03
+
+#: The time model's method for each simulated scheme (gossip push is not in the time model).
+TIMED_SCHEMES = {"allreduce": "allreduce", "sgp": "sgp", "gossip-pull": "gossip-pull", "easgd": "easgd"}
+
+
+def predicted_speeds(calibration, sizes, *, mb, compute, per_node=2, rate_gbit=1.0, steps=3, progress=None):
+    """The time model's rows (:func:`mpigossip.sim.scaling.predict`: steps per second per rank)
+    of :data:`TIMED_SCHEMES` at each of ``sizes`` on a cluster of ``per_node`` ranks per node
+    linked at ``rate_gbit``, from the calibration file ``calibration``."""
+    from ..sim import scaling
+    from ..sim.timing import Costs
+    costs = Costs.load(calibration)
+    sizes = [p for p in sizes if p % per_node == 0]
+    return scaling.predict(costs, ranks=sizes, rates_gbit=[rate_gbit], per_node=per_node, mb=mb, compute=compute,
+                           methods=tuple(TIMED_SCHEMES.values()), steps=steps, stragglers=(1.0,),
+                           progress=progress)

@@ -36,7 +36,7 @@ class SGP(_Wrapper):
     def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], hierarchical=False,
                  node_size=None, wire=None, on_failure="abort", timeout=None):
         self._check_on_failure(on_failure, hierarchical and "needs the flat SGP, not hierarchical"
-                               or self.overlap and "needs the synchronous SGP, not overlap")
+                               or self.max_delay is None and "needs a bound on the delay (OSGP), not AGP")
         self.wire = wire
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
         self.hierarchical, self.node_size = bool(hierarchical), node_size
@@ -128,9 +128,20 @@ class OSGP(SGP):
     overlap = True
 
     def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"],
-                 max_delay=OPTION_DEFAULTS["max_delay"], wire=None, timeout=None):
+                 max_delay=OPTION_DEFAULTS["max_delay"], wire=None, on_failure="abort", timeout=None):
         self.max_delay = max_delay
-        super().__init__(model, comm=comm, topology=topology, peers=peers, wire=wire, timeout=timeout)
+        super().__init__(model, comm=comm, topology=topology, peers=peers, wire=wire, on_failure=on_failure,
+                         timeout=timeout)
+
+    def _group_failures(self):
+        """Overlap mode survives failures with one parameter group, on its own."""
+        groups = self._tolerant_groups()
+        if len(groups) > 1 or self._agreeing:
+            raise ValueError(f"{self.name}: on_failure='continue' in overlap mode recovers one parameter group on "
+                             f"its own: this model has {len(groups)} (one per dtype and device)"
+                             + (", and an outer method steps it now and then" if self._agreeing else "")
+                             + "; use SGP")
+        super()._group_failures()
 
     def _step(self):
         self._apply_update()

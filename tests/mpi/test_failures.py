@@ -67,12 +67,46 @@ def test_tolerant_misuse_is_refused():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         ps = mg.PushSum(x, comm=c, on_failure="continue")
-    with pytest.raises(RuntimeError, match="survives failures in step\\(\\) only"):
-        ps.start()
     with pytest.raises(RuntimeError, match="not with on_failure='continue'"):
         ps.join()
     ps.step()
     ps.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_tolerant_overlap_is_the_default_overlap(kind, stage):
+    """Overlap mode (start()/finish(), as OSGP) on persistent requests: with max_delay=0 (every
+    finish() waits for its step's messages) bit for bit the default overlap path; with
+    max_delay=1 Σx and Σw exact once drained, and z = x / w the same on every rank in the end."""
+    c = comm()
+    for delay in (0, 1):
+        host = integer_data()
+        ref = host.copy()
+        x = make(kind, host)
+        tolerant = _quiet(mg.PushSum, x, comm=c, stage=stage, max_delay=delay, on_failure="continue")
+        plain = mg.PushSum(ref, comm=c, max_delay=delay)
+        total = global_sum(c, ref)
+        for k in range(8):
+            for ps in (tolerant, plain):
+                if ps.started:
+                    ps.finish()
+                ps.start()
+            if delay == 0 and k:
+                np.testing.assert_array_equal(to_host(x), ref)
+                assert tolerant.weight == plain.weight
+        for ps in (tolerant, plain):
+            ps.finish()
+            ps.drain()
+        assert not tolerant.in_flight and tolerant.steps == 8 and tolerant.failures == []
+        np.testing.assert_allclose(global_sum(c, to_host(x)), total, rtol=1e-12, atol=1e-9)
+        assert abs(c.allreduce(tolerant.weight) - c.size) < 1e-12
+        for _ in range(20):     # the synchronous step after a drain: the ranks reach consensus
+            tolerant.step()
+        z = to_host(x) / tolerant.weight
+        np.testing.assert_allclose(z, c.bcast(z), rtol=1e-6, atol=1e-6)
+        tolerant.free()
+        plain.free()
 
 
 def _quiet(cls, *args, **kwargs):
@@ -219,6 +253,16 @@ def test_torch_wrappers_under_continue_without_a_failure():
         torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="allreduce: on_failure='continue' moves the buffer's own dtype, not wire"):
         mgt.GradientAllReduce(torch.nn.Linear(3, 2), comm=c, wire="bf16", on_failure="continue")
+    osgp = _quiet(mgt.OSGP, torch.nn.Linear(3, 2), comm=c, on_failure="continue")   # one group, on its own
+    for _ in range(3):
+        osgp.step()
+    assert osgp.failures == [] and not osgp.comms[0]._together
+    osgp.free()
+    with pytest.raises(ValueError, match="osgp: on_failure='continue' in overlap mode recovers one parameter group"):
+        _quiet(mgt.OSGP, torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2).double()), comm=c,
+               on_failure="continue")
+    with pytest.raises(ValueError, match="needs a bound on the delay \\(OSGP\\), not AGP"):
+        mgt.OSGP(torch.nn.Linear(3, 2), comm=c, max_delay=None, on_failure="continue")
     algo = _quiet(mgt.AllReduce, torch.nn.Linear(3, 2), comm=c, on_failure="continue")
     algo.step()
     assert algo.failures == [] and len(algo.comms) == 1 and not algo.comms[0]._together
