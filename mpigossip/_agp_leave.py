@@ -28,6 +28,8 @@ class AsyncLeave:
         self._check_open()
         if self._started:
             raise RuntimeError(f"{self._name}.join(): call finish() first")
+        if self._exchange is not None:
+            raise RuntimeError(f"{self._name}.join(): not with on_failure='continue'")
         membership.check_join(self.comm, 0, self._members is not None, timeout=self.timeout,
                               op=f"{self._name}.join")
         self._members = membership.Membership(self.comm, timeout=self.timeout, op=self._name)

@@ -18,7 +18,7 @@ OPTIONS = {"allreduce": ("bucket_mb", "wire", "on_failure"), "allreduce-params":
            "easgd": ("beta", "tau", "servers"),
            "asgd": ("servers",), "gossip-pull": ("tau", "seed"), "gossip-push": ("tau", "seed", "wire", "on_failure") + _HIERARCHICAL,
            "sgp": ("topology", "peers", "wire", "on_failure") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay", "wire", "on_failure"),
-           "agp": ("topology", "peers"),
+           "agp": ("topology", "peers", "on_failure"),
            "dpsgd": ("topology", "wire", "on_failure") + _HIERARCHICAL, "adpsgd": ("seed",),
            **{a: ("base", "inner_steps", "outer_lr", "outer_momentum", "warmup", "inner_mixing") for a in OUTER}}
 
@@ -58,14 +58,14 @@ DEFAULT_TOPOLOGY = {"sgp": "exponential", "osgp": "exponential", "agp": "exponen
 
 #: The algorithms whose survivors go on when a rank fails (``on_failure="continue"``,
 #: ``--on-failure continue``; :mod:`mpigossip.failures`), and why the others cannot yet.
-FAULT_TOLERANT = ("allreduce", "allreduce-params", "sgp", "osgp", "dpsgd", "gossip-push") + OUTER  # outer: no inner mixing
+FAULT_TOLERANT = ("allreduce", "allreduce-params", "sgp", "osgp", "agp", "dpsgd", "gossip-push") + OUTER  # outer: no inner mixing
 #: Algorithms over one-sided windows: Open MPI's ULFM does not cover them.
 ONE_SIDED = ("easgd", "asgd", "gossip-pull", "adpsgd")
 ONE_SIDED_FAILURE = ("its messages go through one-sided MPI windows, which Open MPI's fault tolerance (ULFM) does "
                      "not cover: rely on the checkpoint and Slurm's requeue instead (--checkpoint-every; jobs/)")
-NOT_YET_FAILURE = ("the survivors go on for allreduce, allreduce-params, sgp, osgp, dpsgd and gossip-push, and the "
-                   "outer methods over them, only so far (steps on persistent requests; docs/API.md, 'A rank dies'); the "
-                   "others end the job, as with --on-failure abort")
+NOT_YET_FAILURE = ("the survivors go on for allreduce, allreduce-params, sgp, osgp, agp, dpsgd and gossip-push, and "
+                   "the outer methods over them, only so far (steps on persistent requests; docs/API.md, 'A rank "
+                   "dies'); the others end the job, as with --on-failure abort")
 #: Why an outer method with ``inner_mixing`` does not survive failures yet.
 INNER_MIXING_FAILURE = ("inner_mixing's exact mean at the outer steps (an AllReduce beside the base's gossip) does not "
                         "survive failures yet: use inner_mixing=False (the default), or base='allreduce-params'")

@@ -155,6 +155,13 @@ class Survives:
         topology over them, record the failure. Every survivor then stands at the same step: one
         that met the failure behind another makes its next calls count only, so that every later
         call is matched (a loop of N calls ends together on every survivor)."""
+        rec = self._shrink_to_survivors(entry)
+        self._skip = rec.step - entry
+        self.steps = entry + 1
+
+    def _shrink_to_survivors(self, entry):
+        """Shrink to the survivors, rebind the topology over them, record the failure met at
+        step ``entry``; returns the :class:`~mpigossip.failures.Recovery`."""
         op = f"{self._name} (failure at step {entry})"
         self._exchange.abandon()
         rec = failures.shrink(self.comm, entry, timeout=self.timeout, op=op)
@@ -166,8 +173,7 @@ class Survives:
         self.failures.append(record)
         gone = set(rec.lost)
         self.members = [m for r, m in enumerate(self.members) if r not in gone]
-        self._skip = rec.step - entry
-        self.steps = entry + 1
+        return rec
 
     def _acquire(self):
         """Before the combine writes the buffer (PushSum also orders its weight and ``z``)."""

@@ -35,8 +35,9 @@ no background thread.
 import numpy as np
 from mpi4py import MPI
 
-from . import deadline, kernels
+from . import deadline, failures, kernels
 from ._agp_leave import NOTICE, AsyncLeave
+from ._agp_tolerant import AsyncRequests, AsyncSurvives
 from ._checks import integer_error
 from ._pushsum_base import PushSumBase
 
@@ -72,7 +73,7 @@ class _Slot:
         self.transport, self.request, self.src, self.w = transport, None, None, 0.0
 
 
-class AsyncPushSum(AsyncLeave, PushSumBase):
+class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
     """PushSum that never waits.
 
     Args:
@@ -86,6 +87,10 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
         receives: receives posted at once, each into a buffer of x's size (default 2).
         z, wire: accepted as ``None`` only (for the ``PushSum(max_delay=None)`` spelling):
             call :meth:`debiased` for ``x / w``; shares travel in the buffer's own dtype.
+        on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on
+            (launched with ULFM; :mod:`mpigossip._agp_tolerant`): the shares in flight at the
+            failure are lost with the dead rank's mass, counted in :attr:`failures`'
+            ``weight_lost``; each survivor keeps its own step count. Not with ``join()``.
 
     ``step()`` is ``start()`` then ``finish()``.
     """
@@ -93,15 +98,20 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
     _name = "AsyncPushSum"
 
     def __init__(self, x, *, comm, topology=None, weight=1.0, timeout=None, cuda_aware=None, stage=None,
-                 receives=2, z=None, wire=None):
+                 receives=2, z=None, wire=None, on_failure="abort"):
         if z is not None:
             raise ValueError("AsyncPushSum (PushSum(max_delay=None)) takes no z: call debiased()")
         if wire is not None:
             raise ValueError("AsyncPushSum (PushSum(max_delay=None)) sends the buffer's own dtype: "
                              "wire formats need PushSum with max_delay >= 0")
         super().__init__(x, comm=comm, topology=topology, weight=weight, timeout=timeout, cuda_aware=cuda_aware,
-                         stage=stage, slots=1, check=lambda: integer_error(receives, "receives", 1),
-                         same={"receives": receives})
+                         stage=stage, slots=1,
+                         check=lambda: integer_error(receives, "receives", 1) or failures.check_on_failure(on_failure),
+                         same={"receives": receives, "on_failure": on_failure})
+        self._tolerate(on_failure, lambda: AsyncRequests(self))
+        if self._exchange is not None:  # Σw now, against which a failure's loss is reported
+            self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
+                                                    op=f"{self._name} (total weight)")
         self._outs = {}                                   # dst -> _Out, made on first use
         self._slots = [_Slot(self._new_transport()) for _ in range(receives)]
         self._wrecv = np.zeros(1, dtype=np.float64)
@@ -120,21 +130,27 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
         share of a sender is paired with its k-th weight."""
         if self._members is not None:
             self._notices()
-        done = [s for s in self._slots if s.src is not None and s.request.Test()]
+        done = [s for s in self._slots if s.src is not None and self._test([s.request])]
         if done:
             self._add(done)
         xtag, wtag = _tags(self.epoch)
         status = MPI.Status()
-        for slot in self._slots:
-            if slot.src is not None:
-                continue
-            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=wtag, status=status):
-                break
-            slot.src = status.Get_source()
-            self.comm.Recv(self._wrecv, source=slot.src, tag=wtag)  # probed: here already
-            slot.w = float(self._wrecv[0])
-            # spec waits for a combine still reading this slot on the device (Transport.reading)
-            slot.request = self.comm.Irecv(slot.transport.spec, source=slot.src, tag=xtag)
+        with failures.raised_as_failure(f"{self._name} (receive)"):
+            for index, slot in enumerate(self._slots):
+                if slot.src is not None:
+                    continue
+                if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=wtag, status=status):
+                    break
+                slot.src = status.Get_source()
+                self.comm.Recv(self._wrecv, source=slot.src, tag=wtag)  # probed: here already
+                slot.w = float(self._wrecv[0])
+                # spec waits for a combine still reading this slot on the device (Transport.reading)
+                spec = slot.transport.spec
+                if self._exchange is None:
+                    slot.request = self.comm.Irecv(spec, source=slot.src, tag=xtag)
+                else:
+                    slot.request = self._exchange.recv(index, slot, slot.src, xtag)
+                    slot.request.Start()
 
     def _add(self, slots):
         recvs = []
@@ -171,14 +187,19 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
 
     def _send_if_free(self, out):
         """Send ``out``'s accumulated shares if its previous message has left."""
-        if not out.filled or (out.requests and not MPI.Request.Testall(out.requests)):
+        if not out.filled or (out.requests and not self._test(out.requests)):
             return
         out.sending, out.accumulating = out.accumulating, out.sending
         out.wsend[0], out.waccum, out.filled = out.waccum, 0.0, False
         out.sending.before_send()
         xtag, wtag = _tags(self.epoch)
-        out.requests = [self.comm.Isend(out.wsend, dest=out.dst, tag=wtag),   # the weight first
-                        self.comm.Isend(out.sending.spec, dest=out.dst, tag=xtag)]
+        if self._exchange is None:
+            out.requests = [self.comm.Isend(out.wsend, dest=out.dst, tag=wtag),   # the weight first
+                            self.comm.Isend(out.sending.spec, dest=out.dst, tag=xtag)]
+        else:
+            out.requests = self._exchange.sends(out, (xtag, wtag))
+            with failures.raised_as_failure(f"{self._name} (send)"):
+                MPI.Prequest.Startall(out.requests)
         out.sent += 1
 
     def start(self):
@@ -199,10 +220,9 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
             kernels.scale(self.buffer.array, own)
             self.weight *= own
             self.buffer.release()
-            for dst in sorted(out_weights):
-                self._send_if_free(self._outs[dst])
-        self._poll()
         self._started = True
+        self._surviving(lambda: ([self._send_if_free(self._outs[dst]) for dst in sorted(out_weights)],
+                                 self._poll()))
 
     def finish(self):
         """Add whatever shares have arrived, from anyone; send what the out-peers' links
@@ -210,11 +230,31 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
         self._check_open()
         if not self._started:
             raise RuntimeError(f"{self._name}.finish(): start() was not called")
-        for out in self._outs.values():
-            self._send_if_free(out)
-        self._poll()
+        self._surviving(lambda: ([self._send_if_free(out) for out in list(self._outs.values())], self._poll()))
         self._started = False
         self.steps += 1
+
+    def _take_back(self):
+        """After a failure: the shares accumulating for the out-peers never left this rank: add
+        them back into ``(x, w)``."""
+        filled = [out for out in self._outs.values() if out.filled]
+        if not filled:
+            return
+        self.buffer.acquire()
+        kernels.weighted_sum(self.buffer.array, self.buffer.array, 1.0,
+                             [out.accumulating.buffer.array for out in filled], [1.0] * len(filled))
+        self.buffer.release()
+        for out in filled:
+            self.weight += out.waccum
+            out.waccum, out.filled = 0.0, False
+
+    def _reset_messages(self):
+        """After a failure (:class:`~mpigossip._agp_tolerant.AsyncSurvives`): nothing in flight
+        or accumulating, fresh receive slots, the counts and tags of a new communicator."""
+        self._outs = {}
+        self._slots = [_Slot(self._new_transport()) for _ in self._slots]
+        self.received = np.zeros(self.size, dtype=np.int64)
+        self.epoch = 0
 
     def step(self):
         """``start()`` then ``finish()``: one step that never waits."""
@@ -235,7 +275,8 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
         self._check_open()
         if self._started:
             raise RuntimeError(f"{self._name}.drain(): call finish() first")
-        self._drain(self.timeout)
+        if self._surviving(lambda: self._drain(self.timeout)):
+            self._drain(self.timeout)   # over the survivors: what was in flight is lost, the rest is exact
 
     def _drain(self, timeout):
         if self.size == 1:
@@ -248,7 +289,7 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
         def all_sent():
             for out in outs:
                 self._send_if_free(out)
-            return not any(out.filled or (out.requests and not MPI.Request.Testall(out.requests)) for out in outs)
+            return not any(out.filled or (out.requests and not self._test(out.requests)) for out in outs)
 
         self._progress_until(all_sent, "drain (sends)", lambda: [o.dst for o in outs if o.filled or o.requests],
                              timeout)
@@ -258,8 +299,9 @@ class AsyncPushSum(AsyncLeave, PushSumBase):
         for out in outs:
             sent[out.dst] = out.sent
         expected = np.zeros(self.size, dtype=np.int64)
-        counts = self.comm.Ialltoall(sent, expected)
-        self._progress_until(counts.Test, "drain (counts)", lambda: "all ranks (Ialltoall)", timeout)
+        with failures.raised_as_failure(f"{self._name}.drain (counts)"):
+            counts = self.comm.Ialltoall(sent, expected)
+        self._progress_until(lambda: self._test([counts]), "drain (counts)", lambda: "all ranks (Ialltoall)", timeout)
         self._progress_until(lambda: not np.any(self.received < expected), "drain (receives)",
                              lambda: [int(r) for r in np.flatnonzero(self.received < expected)], timeout)
         if np.any(self.received > expected):  # cannot happen: the next epoch's messages have other tags

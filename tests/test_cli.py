@@ -79,9 +79,6 @@ def test_bipartite_needs_an_even_world_size_even_alone():
     (["--checkpoint-every", "5"], "--checkpoint-every needs --out"),
     (["--kill", "2:5"], "--kill '2:5': rank must be in [0, 2)"),
     (["--algorithm", "easgd", "--on-failure", "continue"], "which Open MPI's fault tolerance (ULFM) does not cover"),
-    (["--algorithm", "agp", "--on-failure", "continue"], "--on-failure continue: agp: the survivors go on "
-                                                         "for allreduce, allreduce-params, sgp, osgp, dpsgd and "
-                                                         "gossip-push, and the outer methods over them, only so far"),
     (["--algorithm", "slowmo", "--base", "sgp", "--inner-mixing", "--on-failure", "continue"],
      "--on-failure continue: --inner-mixing over sgp: inner_mixing's exact mean"),
     (["--on-failure", "continue", "--eval-every", "5"], "--on-failure continue does not take --eval-every yet"),

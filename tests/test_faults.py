@@ -149,9 +149,11 @@ def survivors(out):
     # 31 steps after the failure left their spread near the 1e-6 checked, under load (4 of 6 runs above it)
     (4, ["--victim", "3", "--algo", "osgp"]),                # overlap mode: shares in flight when it dies
     (5, ["--victim", "2", "--algo", "osgp", "--kind", "torch", "--mb", "4", "--mid"]),
+    (4, ["--victim", "3", "--algo", "agp", "--steps", "120"]),  # AGP: nobody waits; it mixes slower
+    (5, ["--victim", "2", "--algo", "agp", "--mb", "4", "--mid", "--steps", "120"]),
 ])
 def test_survivors_of_a_killed_rank_go_on(n, args):
-    """PushSum (synchronous and overlap mode), D-PSGD, AllreduceAverager and gossip push with
+    """PushSum (synchronous and overlap mode), AGP, D-PSGD, AllreduceAverager and gossip push with
     on_failure="continue" under ULFM: a rank SIGKILLs itself; every survivor learns
     it in that step, recovers within 15 s and takes every step; the failure is recorded alike
     everywhere; Σx and Σw are conserved over the survivors afterwards and Σw plus the weight
@@ -184,7 +186,7 @@ def test_survivors_of_a_killed_rank_go_on_with_several_groups(args):
     assert all(s["groups"] >= 2 for s in found) and proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("algorithm", ["sgp", "osgp", "gossip-push", "slowmo", "allreduce"])
+@pytest.mark.parametrize("algorithm", ["sgp", "osgp", "agp", "gossip-push", "slowmo", "allreduce"])
 def test_training_survives_a_killed_rank(tmp_path, algorithm):
     """`train --on-failure continue`: rank 3 of 4 dies at step 100 of 300; the 3 survivors train
     on to the end and reach 90% on the digits; summary.json records the failure (SGP: with the
@@ -203,9 +205,10 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     not; they agree that a rank failed and recover together, so that their checkpoints (step
     150 on) stay matched.
 
-    OSGP (overlap, one step of delay), with checkpoints every 50 steps: rank 3 killed at step
-    100; the shares in flight are lost with it (in the weight lost), the survivors checkpoint at
-    their new size.
+    OSGP (overlap, one step of delay) and AGP (no rank waits), with checkpoints every 50 steps:
+    rank 3 killed at step 100; the shares in flight are lost with it (in the weight lost), the
+    survivors checkpoint at their new size. AGP's survivors learn of it when a message to or
+    from the dead rank fails (a few steps on: within 60).
 
     AllReduce SGD (the gradients' mean): the survivors average their own gradients again over
     the survivors after the failure, so that their models stay equal (consensus distance 0)."""
@@ -225,8 +228,9 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
         launch += ["-x", "MPIGOSSIP_CRASH_IN_CHECKPOINT"]
         env = dict(os.environ, MPIGOSSIP_CRASH_IN_CHECKPOINT="100:3")
         extra = ["--checkpoint-every", "50"]
-    elif algorithm == "osgp":
+    elif algorithm in ("osgp", "agp"):
         extra = ["--kill", "3:100", "--checkpoint-every", "50"]
+        met_at = (100, 102) if algorithm == "osgp" else (100, 160)
     elif algorithm == "slowmo":
         extra, met_at = ["--base", "sgp", "--kill", "3:100", "--checkpoint-every", "50"], (127, 127)
     else:
@@ -241,7 +245,7 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     assert f["seconds"] < 15, f
     if algorithm in ("sgp", "slowmo"):
         assert 0 < f["weight_lost"] <= 2, f
-    if algorithm == "osgp":   # its own weight and what was in flight to and from the survivors
+    if algorithm in ("osgp", "agp"):   # its own weight and what was in flight to and from the survivors
         assert 0 < f["weight_lost"] < 4, f
     assert s["final_accuracy"] >= 0.9, s
     if algorithm == "allreduce":

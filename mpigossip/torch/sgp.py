@@ -35,8 +35,7 @@ class SGP(_Wrapper):
 
     def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], hierarchical=False,
                  node_size=None, wire=None, on_failure="abort", timeout=None):
-        self._check_on_failure(on_failure, hierarchical and "needs the flat SGP, not hierarchical"
-                               or self.max_delay is None and "needs a bound on the delay (OSGP), not AGP")
+        self._check_on_failure(on_failure, hierarchical and "needs the flat SGP, not hierarchical")
         self.wire = wire
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
         self.hierarchical, self.node_size = bool(hierarchical), node_size
@@ -178,8 +177,10 @@ class AGP(OSGP):
 
     name = "agp"
 
-    def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], timeout=None):
-        super().__init__(model, comm=comm, topology=topology, peers=peers, max_delay=None, timeout=timeout)
+    def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], on_failure="abort",
+                 timeout=None):
+        super().__init__(model, comm=comm, topology=topology, peers=peers, max_delay=None, on_failure=on_failure,
+                         timeout=timeout)
 
     def _apply_update(self):
         for ps, z in zip(self.comms, self.flat.arrays):

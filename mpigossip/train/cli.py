@@ -116,7 +116,7 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--resume", metavar="DIR", help="resume from the latest checkpoint in DIR")
     parser.add_argument("--on-failure", default=OPTION_DEFAULTS["on_failure"], choices=("abort", "continue"),
                         help="a rank that dies: abort ends the job (then Slurm's requeue resumes it from the last "
-                        "checkpoint); continue: the survivors train on (sgp, osgp, dpsgd, gossip-push, allreduce, "
+                        "checkpoint); continue: the survivors train on (sgp, osgp, agp, dpsgd, gossip-push, allreduce, "
                         "allreduce-params and the outer methods over them; launch with mpiexec --with-ft ulfm or 'launch --fault-tolerant'; "
                         "evaluates at the end only) (default: %(default)s)")
     parser.add_argument("--kill", action="append", default=[], metavar="RANK:STEP",

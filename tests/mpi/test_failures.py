@@ -101,12 +101,39 @@ def test_tolerant_overlap_is_the_default_overlap(kind, stage):
         assert not tolerant.in_flight and tolerant.steps == 8 and tolerant.failures == []
         np.testing.assert_allclose(global_sum(c, to_host(x)), total, rtol=1e-12, atol=1e-9)
         assert abs(c.allreduce(tolerant.weight) - c.size) < 1e-12
-        for _ in range(20):     # the synchronous step after a drain: the ranks reach consensus
+        for _ in range(60):     # the synchronous step after a drain: the ranks reach consensus
             tolerant.step()
         z = to_host(x) / tolerant.weight
-        np.testing.assert_allclose(z, c.bcast(z), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(z, c.bcast(z), rtol=1e-5, atol=1e-5)
         tolerant.free()
         plain.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_tolerant_agp_conserves_mass_and_refuses_join(kind, stage):
+    """Asynchronous Gradient Push on persistent requests (on_failure="continue"), no rank failing:
+    the ranks step at different paces, and once drained Σx and Σw are exact and z agrees;
+    join() (leave) is refused."""
+    import time
+    c = comm()
+    host = integer_data()
+    x = make(kind, host)
+    total = global_sum(c, host)
+    ps = _quiet(mg.PushSum, x, comm=c, stage=stage, max_delay=None, on_failure="continue")
+    assert isinstance(ps, mg.AsyncPushSum) and ps.on_failure == "continue"
+    for k in range(12 + 3 * c.rank):   # uneven: AGP's ranks need not take the same steps
+        ps.step()
+        if c.rank == 0:
+            time.sleep(0.002)
+    ps.drain()
+    np.testing.assert_allclose(global_sum(c, to_host(x)), total, rtol=1e-12, atol=1e-9)
+    assert abs(c.allreduce(ps.weight) - c.size) < 1e-12 and ps.failures == []
+    with pytest.raises(RuntimeError, match="not with on_failure='continue'"):
+        ps.join()
+    for _ in range(3):   # training goes on after a drain
+        ps.step()
+    ps.free()
 
 
 def _quiet(cls, *args, **kwargs):
@@ -261,8 +288,11 @@ def test_torch_wrappers_under_continue_without_a_failure():
     with pytest.raises(ValueError, match="osgp: on_failure='continue' in overlap mode recovers one parameter group"):
         _quiet(mgt.OSGP, torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2).double()), comm=c,
                on_failure="continue")
-    with pytest.raises(ValueError, match="needs a bound on the delay \\(OSGP\\), not AGP"):
-        mgt.OSGP(torch.nn.Linear(3, 2), comm=c, max_delay=None, on_failure="continue")
+    agp = _quiet(mgt.AGP, torch.nn.Linear(3, 2), comm=c, on_failure="continue")   # AGP alike
+    for _ in range(3):
+        agp.step()
+    assert agp.failures == [] and agp.comms[0].on_failure == "continue"
+    agp.free()
     algo = _quiet(mgt.AllReduce, torch.nn.Linear(3, 2), comm=c, on_failure="continue")
     algo.step()
     assert algo.failures == [] and len(algo.comms) == 1 and not algo.comms[0]._together

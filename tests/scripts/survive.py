@@ -1,9 +1,9 @@
 """A rank is killed (SIGKILL) mid-training; the survivors of PushSum (synchronous, or overlap
-mode as OSGP: --algo osgp; or D-PSGD, AllreduceAverager, gossip push) with on_failure="continue"
+mode as OSGP: --algo osgp; Asynchronous Gradient Push: --algo agp; or D-PSGD, AllreduceAverager, gossip push) with on_failure="continue"
 go on.
 
     mpiexec --with-ft ulfm -n N python survive.py [--steps 40] [--die 6] [--victim N-1]
-        [--kind numpy|torch] [--mb 1] [--mid] [--algo pushsum|osgp|dpsgd|allreduce|gossip-push] [--dump-after 90]
+        [--kind numpy|torch] [--mb 1] [--mid] [--algo pushsum|osgp|agp|dpsgd|allreduce|gossip-push] [--dump-after 90]
 
 Every rank mixes a buffer of small integers (its rank plus a pattern) with a 10 ms "compute"
 per step (--mid: the victim dies 2 ms into its exchange of step --die, with messages in flight,
@@ -39,7 +39,7 @@ p.add_argument("--victim", type=int, default=-1)
 p.add_argument("--kind", choices=("numpy", "torch"), default="numpy")
 p.add_argument("--mb", type=float, default=1.0)
 p.add_argument("--mid", action="store_true")
-p.add_argument("--algo", choices=("pushsum", "osgp", "dpsgd", "allreduce", "gossip-push"), default="pushsum")
+p.add_argument("--algo", choices=("pushsum", "osgp", "agp", "dpsgd", "allreduce", "gossip-push"), default="pushsum")
 p.add_argument("--compute-ms", type=float, default=10.0, help="sleep per step (0: steps back to back)")
 p.add_argument("--dump-after", type=float, default=90.0,
                help="seconds after which every rank still running prints its threads' stacks (a hang's where)")
@@ -57,8 +57,8 @@ if a.kind == "torch":
     x = torch.from_numpy(x)
 host = x.numpy() if a.kind == "torch" else x
 
-if a.algo in ("pushsum", "osgp"):
-    ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60, max_delay=1)
+if a.algo in ("pushsum", "osgp", "agp"):
+    ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60, max_delay=None if a.algo == "agp" else 1)
 elif a.algo == "gossip-push":
     ps = mg.Gossip(x, comm=world, mode="push", seed=3, on_failure="continue", timeout=60)
     ps.weight = 1.0
@@ -77,15 +77,20 @@ for i in range(a.steps):
         if ps.started:
             ps.finish()
         ps.start()
+    elif a.algo == "agp":   # never waits
+        ps.start()
+        ps.finish()
     else:
         ps.step()
     if i == a.die + 3:  # every survivor has recovered and caught up
         if a.algo == "osgp":   # nothing in flight: the sums hold all the mass
             ps.finish()
+        if a.algo in ("osgp", "agp"):
             ps.drain()
         mark = (ps.comm.allreduce(float(host.sum())), ps.comm.allreduce(ps.weight))
 if a.algo == "osgp":
     ps.finish()
+if a.algo in ("osgp", "agp"):
     ps.drain()
 comm = ps.comm
 sum_x, sum_w = comm.allreduce(float(host.sum())), comm.allreduce(ps.weight)
@@ -103,7 +108,7 @@ checks = {  # bool() each: numpy booleans do not serialise
     "recovered within 15 s": bool(f) and f["seconds"] < 15,
     "mass conserved after": mark is not None and (a.algo == "gossip-push" or (
         np.isclose(mark[0], sum_x, rtol=1e-12) and np.isclose(mark[1], sum_w, rtol=1e-12))),
-    "weight accounted": bool(f) and (a.algo not in ("pushsum", "osgp")
+    "weight accounted": bool(f) and (a.algo not in ("pushsum", "osgp", "agp")
                                      or abs(sum_w + f["weight_lost"] - size) < 1e-9),
     "converged": float(np.max(zmax - zmin)) < 1e-6,
     "inside": float(zmin.min()) >= 0 and float(zmax.max()) <= 6 + size - 1,
