@@ -141,16 +141,16 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                     continue
                 if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=wtag, status=status):
                     break
-                slot.src = status.Get_source()
-                self.comm.Recv(self._wrecv, source=slot.src, tag=wtag)  # probed: here already
-                slot.w = float(self._wrecv[0])
+                src = status.Get_source()
+                self.comm.Recv(self._wrecv, source=src, tag=wtag)  # probed: here already
                 # spec waits for a combine still reading this slot on the device (Transport.reading)
                 spec = slot.transport.spec
                 if self._exchange is None:
-                    slot.request = self.comm.Irecv(spec, source=slot.src, tag=xtag)
+                    request = self.comm.Irecv(spec, source=src, tag=xtag)
                 else:
-                    slot.request = self._exchange.recv(index, slot, slot.src, xtag)
-                    slot.request.Start()
+                    request = self._exchange.recv(index, slot, src, xtag)
+                    request.Start()
+                slot.src, slot.w, slot.request = src, float(self._wrecv[0]), request
 
     def _add(self, slots):
         recvs = []

@@ -50,10 +50,12 @@ def test_fault_tolerant_launch_is_mpirun_with_ulfm():
     argv, env = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"}, fault_tolerant=True)
     assert argv == ["mpirun", "--bind-to", "none", "-n", "4", "--with-ft", "ulfm", "p"]
     assert env["OMPI_MCA_coll"] == "^han"  # han's collectives are not fault tolerant
+    assert env["OMPI_MCA_btl_tcp_eager_limit"] == str(1 << 30)  # a rendezvous with a revoking survivor hung
     _, env = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun", "OMPI_MCA_coll": "^hcoll"},
                            fault_tolerant=True)
     assert env["OMPI_MCA_coll"] == "^hcoll"  # the user's choice stands
-    assert "OMPI_MCA_coll" not in slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"})[1]
+    plain = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun"})[1]
+    assert "OMPI_MCA_coll" not in plain and "OMPI_MCA_btl_tcp_eager_limit" not in plain
     with pytest.raises(slurm.LaunchError, match="not supported under a direct srun launch: use --launcher mpirun"):
         slurm.command("srun", ["p"], {"SLURM_NTASKS": "4"}, fault_tolerant=True)
 

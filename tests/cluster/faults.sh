@@ -13,7 +13,7 @@
 #   stop     rank 1 (on node 2) SIGSTOPped mid-run: the others abort within seconds naming it;
 #   kill     under ULFM (--with-ft ulfm), a rank SIGKILLs itself: the survivors go on
 #            (tests/scripts/survive.py: PushSum at 16 MB one rank per node and with torch two per node,
-#            D-PSGD; survive_groups.py: torch SGP with two parameter groups, 8 ranks), and `train --algorithm
+#            D-PSGD, OSGP killed mid-exchange at 4 MB, AGP 8 ranks; survive_groups.py: torch SGP with two parameter groups, 8 ranks), and `train --algorithm
 #            allreduce --on-failure continue` on 4 nodes loses rank 2 at step 100: its 3 survivors reach 90% on
 #            the digits with equal models and checkpoint at their size.
 # Exits non-zero if any case fails. Restores every link and ends stray ranks by PID.
@@ -150,7 +150,9 @@ stop_case() {  # rank 1 stops itself after 5 PushSum steps (ring graph, 3 s dead
 kill_case() {  # a killed rank survived: survive.py's checks on every survivor, then a training run
   local what n map args out rc
   for what in "4 node --victim 3 --mb 16" "4 node --victim 1 --algo dpsgd" \
-              "8 slot --victim 2 --algo allreduce --kind torch --mb 16 --mid"; do
+              "8 slot --victim 2 --algo allreduce --kind torch --mb 16 --mid" \
+              "4 node --victim 2 --algo osgp --mb 4 --mid --steps 80" \
+              "8 slot --victim 5 --algo agp --mb 1 --mid --steps 200"; do
     read -r n map args <<<"$what"
     # shellcheck disable=SC2086
     timeout -k 5 120 $MPI --with-ft ulfm -n "$n" --map-by "$map" "$PY" "$PWD/tests/scripts/survive.py" $args >"$LOG" 2>&1
@@ -186,7 +188,7 @@ print(f"train: rank 2 lost at step {f['train_step']}, recovered in {f['seconds']
 PYEOF
     fail kill "the training run (exit $rc)"
   else
-    pass kill "survivors passed (PushSum, D-PSGD, AllReduce; 4 and 8 ranks; two groups); $(grep -a '^train: rank 2 lost' "$LOG")"
+    pass kill "survivors passed (PushSum, D-PSGD, AllReduce, OSGP, AGP; 4 and 8 ranks; two groups); $(grep -a '^train: rank 2 lost' "$LOG")"
   fi
   rm -rf "$out"
 }
