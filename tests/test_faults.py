@@ -186,7 +186,9 @@ def test_survivors_of_a_killed_rank_go_on_with_several_groups(args):
     assert all(s["groups"] >= 2 for s in found) and proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("algorithm", ["sgp", "osgp", "agp", "gossip-push", "slowmo", "allreduce"])
+@pytest.mark.parametrize("algorithm", ["sgp", pytest.param("osgp", marks=pytest.mark.train),
+                                       pytest.param("agp", marks=pytest.mark.train), "gossip-push", "slowmo",
+                                       "allreduce"])  # (train: the units step stays under half its limit)
 def test_training_survives_a_killed_rank(tmp_path, algorithm):
     """`train --on-failure continue`: rank 3 of 4 dies at step 100 of 300; the 3 survivors train
     on to the end and reach 90% on the digits; summary.json records the failure (SGP: with the
