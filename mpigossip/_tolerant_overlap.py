@@ -119,7 +119,7 @@ class PersistentOverlap:
                 still.append(entry)
         self.sends = still
 
-    def finish(self, k, op, force_before):
+    def finish(self, op, force_before):
         """Add every message that has arrived; wait for those sent at step ``force_before`` or
         before. Raises :class:`~mpigossip.failures.PeerFailure` (what arrived before it is
         added)."""
@@ -140,7 +140,7 @@ class PersistentOverlap:
 
     def drain(self, op):
         """Wait for every message in flight to and from this rank and add what arrives."""
-        self.finish(None, op, force_before=float("inf"))
+        self.finish(op, force_before=float("inf"))
         o = self.owner
         for _, reqs, dsts in list(self.sends):
             failures.wait(reqs, comm=o.comm, timeout=o.timeout, op=f"{op} (sends)",

@@ -90,27 +90,9 @@ def _error_class(exc, statuses):
 def wait(requests, *, comm, timeout, op, peer=None):
     """:func:`mpigossip.deadline.wait` of ``requests`` (persistent ones: their completion in
     error must not free them) that raises :class:`PeerFailure` when a peer has failed or the
-    communicator was revoked; other MPI errors propagate, a timeout ends the job as always.
-
-    The revocation is also checked by itself (``MPIX_Comm_is_revoked``) while waiting: across
-    nodes over TCP, a receive already matched to a large message from a rank that then died
-    was seen neither completing nor failing after another survivor had revoked the
-    communicator (docs/RESULTS.md, "Live fault tolerance")."""
-    def done():
-        if test(requests, op):
-            return True
-        if comm is not None and _revoked(comm):
-            raise PeerFailure(op, MPI.ERR_REVOKED)
-        return False
-
-    deadline.wait_until(done, comm=comm, timeout=timeout, op=op, peer=deadline.naming(requests, peer))
-
-
-def _revoked(comm):
-    try:
-        return bool(comm.Is_revoked())
-    except (MPI.Exception, NotImplementedError, AttributeError):
-        return False
+    communicator was revoked; other MPI errors propagate, a timeout ends the job as always."""
+    deadline.wait_until(lambda: test(requests, op), comm=comm, timeout=timeout, op=op,
+                        peer=deadline.naming(requests, peer))
 
 
 def test(requests, op):

@@ -285,7 +285,7 @@ class PushSum(PushSumBase):
             self._counted = False
             return
         try:
-            self._overlap_exchange.finish(k, f"{self._name}.finish (step {k})", force_before=k - self.max_delay)
+            self._overlap_exchange.finish(f"{self._name}.finish (step {k})", force_before=k - self.max_delay)
         except failures.PeerFailure:
             self._recover(k)
             return
