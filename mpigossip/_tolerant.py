@@ -120,6 +120,7 @@ class Survives:
     _skip = 0         # calls left that only count (after a failure: a survivor that was behind)
     _together = False  # one of several stepped in turn (recover_together): a failure goes to the caller
     _met = False       # (with _together) the failure was met in this one's step
+    _on_recovered = None  # called after each recovery (a wrapper that must follow it at once)
 
     def _tolerate(self, on_failure, make_exchange):
         """Keep ``on_failure`` (checked by the caller); with ``"continue"``, the exchange
@@ -173,6 +174,8 @@ class Survives:
         self.failures.append(record)
         gone = set(rec.lost)
         self.members = [m for r, m in enumerate(self.members) if r not in gone]
+        if self._on_recovered is not None:
+            self._on_recovered()
         return rec
 
     def _acquire(self):

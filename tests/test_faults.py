@@ -210,7 +210,7 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     OSGP (overlap, one step of delay) and AGP (no rank waits), with checkpoints every 50 steps:
     rank 3 killed at step 100; the shares in flight are lost with it (in the weight lost), the
     survivors checkpoint at their new size. AGP's survivors learn of it when a message to or
-    from the dead rank fails (a few steps on: within 60).
+    from the dead rank fails (a few steps on: 19-41 here, within 150).
 
     AllReduce SGD (the gradients' mean): the survivors average their own gradients again over
     the survivors after the failure, so that their models stay equal (consensus distance 0)."""
@@ -232,7 +232,7 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
         extra = ["--checkpoint-every", "50"]
     elif algorithm in ("osgp", "agp"):
         extra = ["--kill", "3:100", "--checkpoint-every", "50"]
-        met_at = (100, 102) if algorithm == "osgp" else (100, 160)
+        met_at = (100, 102) if algorithm == "osgp" else (100, 250)
     elif algorithm == "slowmo":
         extra, met_at = ["--base", "sgp", "--kill", "3:100", "--checkpoint-every", "50"], (127, 127)
     else:

@@ -29,6 +29,9 @@ class _Wrapper(abc.ABC):
     name = "?"
     on_failure = "abort"
     _agreeing = False  # agree_on_failures()
+    #: Called after the wrapper's communicator has followed a failure (a training job's own
+    #: communicator then follows it at once: every survivor's collectives in the same order).
+    after_failure = None
 
     def __init__(self, model, *, comm, broadcast=True, timeout=None):
         self._freed = False
@@ -175,6 +178,8 @@ class _Wrapper(abc.ABC):
             self.comm = failures.shrink(self.comm, self.steps, timeout=self.timeout,
                                         op=f"{self.name} (the wrapper's communicator)").comm
             self.failures.append(dict(groups[0].failures[len(self.failures)]))
+            if self.after_failure is not None:
+                self.after_failure()
 
     def consensus_model(self, into=None):
         """Collective (every rank calls it, not only the one that evaluates): the consensus

@@ -133,7 +133,11 @@ class OSGP(SGP):
                          timeout=timeout)
 
     def _group_failures(self):
-        """Overlap mode survives failures with one parameter group, on its own."""
+        """Overlap mode survives failures with one parameter group, on its own. A survivor may
+        meet the failure outside :meth:`step` (in :meth:`drain`, before a checkpoint or an
+        evaluation, while the others met it in a step): the wrapper's own communicator then
+        shrinks right after the group's recovery, so that every survivor's collectives come in
+        the same order (the group's shrink, the wrapper's, then the drain over the survivors)."""
         groups = self._tolerant_groups()
         if len(groups) > 1 or self._agreeing:
             raise ValueError(f"{self.name}: on_failure='continue' in overlap mode recovers one parameter group on "
@@ -141,6 +145,8 @@ class OSGP(SGP):
                              + (", and an outer method steps it now and then" if self._agreeing else "")
                              + "; use SGP")
         super()._group_failures()
+        for c in groups:
+            c._on_recovered = self._follow_failures
 
     def _step(self):
         self._apply_update()

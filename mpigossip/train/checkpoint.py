@@ -120,11 +120,13 @@ def mark_preempted(comm, out, step, timeout):
 
 
 def state_of(run, step):
-    """Everything a run needs to continue exactly from ``step``."""
+    """Everything a run needs to continue exactly from ``step``. The algorithm's state first: its
+    drain may meet a failure, after which the size and the failures are the survivors'."""
+    algo = run.algo.state_dict()
     state = {"algorithm": run.algorithm, "step": step, "world_size": run.size, "lr": run.lr,
              "initial_world_size": run.initial_size, "failures": run.failures,
              "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-             "algo": run.algo.state_dict(), "rng": run.rng.bit_generator.state,
+             "algo": algo, "rng": run.rng.bit_generator.state,
              "slow_rng": run.slow_rng.getstate(), "torch_rng": torch.get_rng_state(), "times": run.times}
     return state
 

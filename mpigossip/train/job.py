@@ -189,6 +189,12 @@ class Run:
                 "loss": loss_value, "compute_s": compute,
                 "comm_s": comm_s, "wait_s": waited}
 
+    def _follow_algorithm(self):
+        """The wrapper followed a failure (in a step, or in a drain before a checkpoint or an
+        evaluation): the job's communicator follows at once, if it has not yet."""
+        if len(self.algo.failures) > self.failures_seen:
+            self._survive(self._at_step)
+
     def _survive(self, step):
         """The algorithm survived a failure in this step: the job's own communicator (evaluation,
         metrics) shrinks to the survivors too, and the failure is recorded."""
@@ -229,7 +235,10 @@ class Run:
         self.train_s = 0.0
         waited0 = deadline.waited_seconds()
         last, last_print = {}, 0.0
+        if self.on_failure == "continue":   # a failure met outside a step (a drain) is followed at once
+            self.algo.after_failure = self._follow_algorithm
         for step in range(self.start_step, self.steps):
+            self._at_step = step
             if stop is not None and stop.stop_at(step, self.start_step):
                 return self._preempt(step)
             if step == self.kill_at:
@@ -245,9 +254,11 @@ class Run:
                 record.update(last, steps_done=step + 1)
             self._log(record)
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < self.steps:
-                # over the survivors after a failure (self.comm); one that fails in it leaves it uncommitted
-                checkpoint.save_checkpoint(self.comm, self.out, step + 1, checkpoint.state_of(self, step + 1),
-                                           self.timeout, tolerant=self.on_failure == "continue")
+                # over the survivors after a failure (self.comm, read after the state: its drain may meet
+                # one); a rank that fails in it leaves it uncommitted
+                state = checkpoint.state_of(self, step + 1)
+                checkpoint.save_checkpoint(self.comm, self.out, step + 1, state, self.timeout,
+                                           tolerant=self.on_failure == "continue")
             self.aside_s += time.perf_counter() - t_aside
             if progress and (time.perf_counter() - last_print > 0.2 or step + 1 == self.steps):
                 last_print = time.perf_counter()
