@@ -94,15 +94,7 @@ class AsyncSurvives:
         """A peer failed (or another survivor revoked the communicator): add the shares that
         had arrived whole and take back those still accumulating, drop the rest in flight,
         shrink to the survivors and go on from this rank's own step."""
-        arrived = []
-        for slot in self._slots:
-            if slot.src is None:
-                continue
-            try:
-                if failures.test([slot.request], "salvage"):
-                    arrived.append(slot)
-            except failures.PeerFailure:
-                pass
+        arrived = [slot for slot in self._slots if slot.src is not None and failures.arrived([slot.request])]
         if arrived:
             self._add(arrived)
         self._take_back()

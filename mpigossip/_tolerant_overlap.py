@@ -19,7 +19,7 @@ both sides go through the steps in order.
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, failures, kernels
+from . import buffers, failures
 
 _X_TAG, _W_TAG = 3, 4
 
@@ -28,7 +28,7 @@ class PersistentOverlap:
     """The overlap-mode messages of one :class:`~mpigossip.PushSum` over its current
     communicator (``owner``: its ``comm``, ``buffer``, ``weight``, ``timeout``, ``max_delay``,
     ``_name``, ``_stage``, ``_cuda_aware``, ``_combine``, ``_acquire``, ``_release``,
-    ``_receive_factor``)."""
+    ``_split_off``, ``_receive_factor``)."""
 
     def __init__(self, owner):
         self.owner = owner
@@ -93,15 +93,7 @@ class PersistentOverlap:
         slot = self._slot(self._send_slots, self._send_free)
         send, wbuf = self._send_slots[slot]
         o.buffer.acquire()
-        if uniform:     # x = p x, send = p x: every out-peer takes it as is
-            kernels.split_share(o.buffer.array, send.buffer.array, self_weight)
-            o.weight *= self_weight
-            wbuf[0] = o.weight
-        else:           # send = x; each out-peer scales by its own weight
-            kernels.split_share(o.buffer.array, send.buffer.array, 1.0)
-            kernels.scale(o.buffer.array, self_weight)
-            wbuf[0] = o.weight
-            o.weight *= self_weight
+        wbuf[0] = o._split_off(send.buffer.array, self_weight, uniform)
         o._release()
         o.buffer.synchronize()   # the split has written the slot MPI reads
         send.before_send()
@@ -169,13 +161,7 @@ class PersistentOverlap:
     # ------------------------------------------------------------------ after a failure
     def salvage(self):
         """Add the messages that had arrived whole before the failure (the rest is lost)."""
-        arrived = []
-        for msg in self.pending:
-            try:
-                if failures.test(msg[4], "salvage"):
-                    arrived.append(msg)
-            except failures.PeerFailure:
-                pass
+        arrived = [msg for msg in self.pending if failures.arrived(msg[4])]
         done = {id(m) for m in arrived}
         self.pending = [m for m in self.pending if id(m) not in done]
         self._add(arrived)

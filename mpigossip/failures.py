@@ -95,6 +95,15 @@ def wait(requests, *, comm, timeout, op, peer=None):
                         peer=deadline.naming(requests, peer))
 
 
+def arrived(requests):
+    """After a failure: whether ``requests`` had completed whole (False if one completed in
+    error: its peer failed or the communicator was revoked)."""
+    try:
+        return test(requests, "salvage")
+    except PeerFailure:
+        return False
+
+
 def test(requests, op):
     """``MPI_Testall`` of ``requests`` (persistent ones: see :func:`wait`): whether all have
     completed; raises :class:`PeerFailure` when a peer has failed or the communicator was

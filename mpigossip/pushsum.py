@@ -237,15 +237,9 @@ class PushSum(PushSumBase):
                 self._code.encode(self.buffer.array, send.buffer.array, share=1.0 - p, salt=k)
                 wbuf = np.array([self.weight], dtype=np.float64)
                 self.weight *= p
-            elif _uniform(p, out_weights):  # x = p x, send = p x: every out-peer takes it as is
-                kernels.split_share(self.buffer.array, send.buffer.array, p)
-                self.weight *= p
-                wbuf = np.array([self.weight], dtype=np.float64)
-            else:                          # send = x; each out-peer scales by its own weight
-                kernels.split_share(self.buffer.array, send.buffer.array, 1.0)
-                kernels.scale(self.buffer.array, p)
-                wbuf = np.array([self.weight], dtype=np.float64)
-                self.weight *= p
+            else:
+                wbuf = np.array([self._split_off(send.buffer.array, p, _uniform(p, out_weights))],
+                                dtype=np.float64)
             send.before_send()
             reqs = []
             for dst in outs:
@@ -300,6 +294,20 @@ class PushSum(PushSumBase):
         super()._recover(entry)
         if self._started:
             self._counted = True
+
+    def _split_off(self, send, p, uniform):
+        """Overlap mode: split this step's share of ``(x, w)`` into ``send`` (the caller holds
+        the buffer); returns the weight the message carries. ``uniform``: ``x = p x`` and
+        ``send = p x``, every out-peer takes it as is; else ``send = x`` and each out-peer
+        scales by its own weight (:meth:`_receive_factor`)."""
+        if uniform:
+            kernels.split_share(self.buffer.array, send, p)
+            self.weight *= p
+            return self.weight
+        kernels.split_share(self.buffer.array, send, 1.0)
+        kernels.scale(self.buffer.array, p)
+        sent, self.weight = self.weight, self.weight * p
+        return sent
 
     def _receive_factor(self, src, k):
         """How the receiver scales what ``src`` sent at step k (overlap mode)."""

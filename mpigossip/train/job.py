@@ -245,8 +245,8 @@ class Run:
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
             record = self.train_step(step)
-            if len(getattr(self.algo, "failures", ())) > self.failures_seen:
-                self._survive(step)
+            if self.on_failure == "continue":
+                self._follow_algorithm()   # (done already where the wrapper called it back)
             self.train_s = record["train_s"]  # this rank's training time at its last step (before drain)
             t_aside = time.perf_counter()
             if (step + 1) % self.eval_every == 0 or step + 1 == self.steps:
