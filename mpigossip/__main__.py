@@ -141,9 +141,8 @@ def abort_on_uncaught(error):
     import traceback
     sys.stderr.write(f"mpigossip: rank {mpi.COMM_WORLD.Get_rank()}: uncaught exception; aborting the job\n")
     traceback.print_exception(error)
-    sys.stderr.flush()
-    sys.stdout.flush()
-    mpi.COMM_WORLD.Abort(1)
+    from .deadline import abort_job
+    abort_job(mpi.COMM_WORLD, 1)   # (under ULFM, MPI_Abort alone ends only this rank)
 
 
 def main(argv=None):

@@ -17,8 +17,6 @@ The weight (8 bytes) is received with a blocking ``MPI_Recv`` once probed (it ha
 the share after it on a persistent request.
 """
 
-from mpi4py import MPI
-
 from . import failures
 
 
@@ -70,12 +68,11 @@ class AsyncSurvives:
     """Mix-in of :class:`~mpigossip.agp.AsyncPushSum`: its steps and drain under
     ``on_failure="continue"`` (``_exchange`` an :class:`AsyncRequests`, else None)."""
 
-    def _test(self, requests):
-        """Whether ``requests`` have completed (``on_failure="continue"``: a failed peer or a
-        revoked communicator raises :class:`~mpigossip.failures.PeerFailure`)."""
-        if self._exchange is None:
-            return MPI.Request.Testall(requests)
-        return failures.test(requests, f"{self._name} (step {self.steps})")
+    def _test(self, message):
+        """Whether ``message`` (a :class:`~mpigossip.failures.Message`) has completed
+        (``on_failure="continue"``: a failed peer or a revoked communicator raises
+        :class:`~mpigossip.failures.PeerFailure`, and the message's outcome is kept)."""
+        return message.test(f"{self._name} (step {self.steps})")
 
     def _surviving(self, run):
         """``run()``; with ``on_failure="continue"`` a failure met in it is recovered from
@@ -94,7 +91,7 @@ class AsyncSurvives:
         """A peer failed (or another survivor revoked the communicator): add the shares that
         had arrived whole and take back those still accumulating, drop the rest in flight,
         shrink to the survivors and go on from this rank's own step."""
-        arrived = [slot for slot in self._slots if slot.src is not None and failures.arrived([slot.request])]
+        arrived = [slot for slot in self._slots if slot.src is not None and slot.message.arrived()]
         if arrived:
             self._add(arrived)
         self._take_back()

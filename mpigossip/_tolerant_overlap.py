@@ -17,7 +17,6 @@ both sides go through the steps in order.
 """
 
 import numpy as np
-from mpi4py import MPI
 
 from . import buffers, failures
 
@@ -35,8 +34,8 @@ class PersistentOverlap:
         self._recv_slots, self._recv_free = [], []   # receive Transports and their weight buffers
         self._send_slots, self._send_free = [], []
         self._recv_reqs, self._send_reqs = {}, {}    # (peer, slot) -> [x request, w request]
-        self.pending = []   # [step, src, slot, factor, requests], oldest first
-        self.sends = []     # [slot, requests, dsts], oldest first
+        self.pending = []   # [step, src, slot, factor, failures.Message], oldest first
+        self.sends = []     # [slot, failures.Message, dsts], oldest first
 
     # ------------------------------------------------------------------ slots and requests
     def _transport(self):
@@ -78,9 +77,9 @@ class PersistentOverlap:
         with failures.raised_as_failure(op):
             for src in ins:
                 slot = self._slot(self._recv_slots, self._recv_free)
-                reqs = self._recv(src, slot)
-                MPI.Prequest.Startall(reqs)
-                posted.append([k, src, slot, o._receive_factor(src, k), reqs])
+                message = failures.Message(self._recv(src, slot))
+                message.start()
+                posted.append([k, src, slot, o._receive_factor(src, k), message])
         self.pending += posted
         if not outs:
             return
@@ -97,15 +96,15 @@ class PersistentOverlap:
         o._release()
         o.buffer.synchronize()   # the split has written the slot MPI reads
         send.before_send()
-        reqs = [r for dst in outs for r in self._send(dst, slot)]
-        self.sends.append([slot, reqs, list(outs)])   # the share has left (x, w): lost if it never arrives
+        message = failures.Message([r for dst in outs for r in self._send(dst, slot)])
+        self.sends.append([slot, message, list(outs)])   # the share has left (x, w): lost if it never arrives
         with failures.raised_as_failure(op):
-            MPI.Prequest.Startall(reqs)
+            message.start()
 
     def progress_sends(self, op):
         still = []
         for entry in self.sends:
-            if failures.test(entry[1], op):
+            if entry[1].test(op):
                 self._send_free.append(entry[0])
             else:
                 still.append(entry)
@@ -124,7 +123,7 @@ class PersistentOverlap:
                 if step <= force_before:
                     failures.wait(reqs, comm=o.comm, timeout=o.timeout, op=f"{op} (message of step {step})",
                                   peer=lambda pending, src=src: [src])
-                (arrived if failures.test(reqs, op) else still).append(msg)
+                (arrived if reqs.test(op) else still).append(msg)
         finally:
             done = {id(m) for m in arrived}
             self.pending = [m for m in self.pending if id(m) not in done]
@@ -161,7 +160,7 @@ class PersistentOverlap:
     # ------------------------------------------------------------------ after a failure
     def salvage(self):
         """Add the messages that had arrived whole before the failure (the rest is lost)."""
-        arrived = [msg for msg in self.pending if failures.arrived(msg[4])]
+        arrived = [msg for msg in self.pending if msg[4].arrived()]
         done = {id(m) for m in arrived}
         self.pending = [m for m in self.pending if id(m) not in done]
         self._add(arrived)

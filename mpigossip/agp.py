@@ -25,6 +25,16 @@ lockstep, these never wait.
   shares neither counts in nor waits on a peer still draining; those messages wait in MPI
   until the peer polls the new epoch's tags.
 
+A rank's weight halves with each share it splits off and grows only with what it receives: a
+rank that steps many times while nothing arrives (its in-peers' messages still on the wire, or
+its peers waiting in a collective) would drive ``w`` towards zero geometrically, below
+float64's range within about a thousand steps and far sooner for ``x = w z`` in float32. A rank
+whose weight is below ``min_weight`` times its initial weight therefore keeps this step's
+shares (sends nothing new; what accumulates still goes out as links free up) until what it
+receives lifts it again: ``w`` never falls below ``min_weight`` times the smallest share a rank
+keeps, Σx and Σw stay exact, and the column of the mixing matrix is the identity for that
+step (still column stochastic). :attr:`held` counts those steps.
+
 What it does not guarantee: a rank that stops calling ``start()``/``finish()`` stops mixing,
 and messages to or from it wait (its in-flight sends and the shares sent to it stay in MPI
 until it calls again, or ``drain()``); the consensus error then depends on how far apart
@@ -42,6 +52,13 @@ from ._checks import integer_error
 from ._pushsum_base import PushSumBase
 
 
+def _fraction_error(value, name):
+    """The problem with a fraction argument in ``[0, 1)``, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        return f"{name} must be a number in [0, 1), got {value!r}"
+    return None
+
+
 def _tags(epoch):
     """(x tag, w tag) of the messages sent between drain ``epoch - 1`` and drain ``epoch``:
     two epochs alternate (a rank can be at most one drain ahead of a peer that receives)."""
@@ -51,12 +68,12 @@ def _tags(epoch):
 class _Out:
     """One out-peer: the message in flight to it and the shares accumulating for it."""
 
-    __slots__ = ("dst", "sending", "requests", "wsend", "accumulating", "waccum", "filled", "sent")
+    __slots__ = ("dst", "sending", "message", "wsend", "accumulating", "waccum", "filled", "sent")
 
     def __init__(self, dst, new_transport):
         self.dst = dst
         self.sending, self.accumulating = new_transport(), new_transport()
-        self.requests = []
+        self.message = None  # the failures.Message in flight (its weight, then x), until it has left
         self.wsend = np.zeros(1, dtype=np.float64)
         self.waccum = 0.0
         self.filled = False  # whether ``accumulating`` holds shares not yet sent
@@ -65,12 +82,12 @@ class _Out:
 
 class _Slot:
     """One receive buffer: empty (``src`` None), or receiving an x share from ``src`` whose
-    weight ``w`` came first."""
+    weight ``w`` came first (``message``: the receive, a :class:`~mpigossip.failures.Message`)."""
 
-    __slots__ = ("transport", "request", "src", "w")
+    __slots__ = ("transport", "message", "src", "w")
 
     def __init__(self, transport):
-        self.transport, self.request, self.src, self.w = transport, None, None, 0.0
+        self.transport, self.message, self.src, self.w = transport, None, None, 0.0
 
 
 class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
@@ -85,6 +102,9 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         timeout: seconds any wait (``drain()``) may take before the job is aborted.
         cuda_aware, stage: see :class:`mpigossip.buffers.Transport`.
         receives: receives posted at once, each into a buffer of x's size (default 2).
+        min_weight: a rank whose weight is below ``min_weight`` times its initial ``weight``
+            keeps its shares until it receives (default ``2**-10``; in ``[0, 1)``; 0 turns the
+            floor off): the weight stays bounded away from underflow, and so does ``x = w z``.
         z, wire: accepted as ``None`` only (for the ``PushSum(max_delay=None)`` spelling):
             call :meth:`debiased` for ``x / w``; shares travel in the buffer's own dtype.
         on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on
@@ -98,7 +118,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
     _name = "AsyncPushSum"
 
     def __init__(self, x, *, comm, topology=None, weight=1.0, timeout=None, cuda_aware=None, stage=None,
-                 receives=2, z=None, wire=None, on_failure="abort"):
+                 receives=2, min_weight=2.0 ** -10, z=None, wire=None, on_failure="abort"):
         if z is not None:
             raise ValueError("AsyncPushSum (PushSum(max_delay=None)) takes no z: call debiased()")
         if wire is not None:
@@ -106,7 +126,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                              "wire formats need PushSum with max_delay >= 0")
         super().__init__(x, comm=comm, topology=topology, weight=weight, timeout=timeout, cuda_aware=cuda_aware,
                          stage=stage, slots=1,
-                         check=lambda: integer_error(receives, "receives", 1) or failures.check_on_failure(on_failure),
+                         check=lambda: (integer_error(receives, "receives", 1) or _fraction_error(min_weight, "min_weight")
+                                        or failures.check_on_failure(on_failure)),
                          same={"receives": receives, "on_failure": on_failure})
         self._tolerate(on_failure, lambda: AsyncRequests(self))
         if self._exchange is not None:  # Σw now, against which a failure's loss is reported
@@ -119,6 +140,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         self.epoch = 0  # drains completed: the tags of the messages sent now (_tags)
         self._gone = set()     # ranks whose leave() notice arrived (until the drain that drops them)
         self._leaving = False
+        self._floor = float(min_weight) * self.weight  # below it, a rank keeps its shares (held)
+        self.held = 0  # steps whose shares this rank kept, its weight being below the floor
 
     # ------------------------------------------------------------------ receives
     def _poll(self):
@@ -130,7 +153,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         share of a sender is paired with its k-th weight."""
         if self._members is not None:
             self._notices()
-        done = [s for s in self._slots if s.src is not None and self._test([s.request])]
+        done = [s for s in self._slots if s.src is not None and self._test(s.message)]
         if done:
             self._add(done)
         xtag, wtag = _tags(self.epoch)
@@ -146,11 +169,11 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                 # spec waits for a combine still reading this slot on the device (Transport.reading)
                 spec = slot.transport.spec
                 if self._exchange is None:
-                    request = self.comm.Irecv(spec, source=src, tag=xtag)
+                    message = failures.Message([self.comm.Irecv(spec, source=src, tag=xtag)])
                 else:
-                    request = self._exchange.recv(index, slot, src, xtag)
-                    request.Start()
-                slot.src, slot.w, slot.request = src, float(self._wrecv[0]), request
+                    message = failures.Message([self._exchange.recv(index, slot, src, xtag)])
+                    message.start()
+                slot.src, slot.w, slot.message = src, float(self._wrecv[0]), message
 
     def _add(self, slots):
         recvs = []
@@ -164,7 +187,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         self.buffer.release()
         for slot in slots:
             slot.transport.reading()  # the combine just queued reads it: MPI may rewrite it only after
-            slot.src, slot.request = None, None
+            slot.src, slot.message = None, None
 
     # ------------------------------------------------------------------ sends
     def _out(self, dst):
@@ -187,19 +210,19 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
 
     def _send_if_free(self, out):
         """Send ``out``'s accumulated shares if its previous message has left."""
-        if not out.filled or (out.requests and not self._test(out.requests)):
+        if not out.filled or (out.message is not None and not self._test(out.message)):
             return
         out.sending, out.accumulating = out.accumulating, out.sending
         out.wsend[0], out.waccum, out.filled = out.waccum, 0.0, False
         out.sending.before_send()
         xtag, wtag = _tags(self.epoch)
         if self._exchange is None:
-            out.requests = [self.comm.Isend(out.wsend, dest=out.dst, tag=wtag),   # the weight first
-                            self.comm.Isend(out.sending.spec, dest=out.dst, tag=xtag)]
+            out.message = failures.Message([self.comm.Isend(out.wsend, dest=out.dst, tag=wtag),  # the weight first
+                                            self.comm.Isend(out.sending.spec, dest=out.dst, tag=xtag)])
         else:
-            out.requests = self._exchange.sends(out, (xtag, wtag))
+            out.message = failures.Message(self._exchange.sends(out, (xtag, wtag)))
             with failures.raised_as_failure(f"{self._name} (send)"):
-                MPI.Prequest.Startall(out.requests)
+                out.message.start()
         out.sent += 1
 
     def start(self):
@@ -213,6 +236,9 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         own, out_weights = self.topology.mixing_weights(self.rank, k)
         for dst in self._gone.intersection(out_weights):  # a rank leaving takes no more shares
             own += out_weights.pop(dst)
+        if out_weights and self.weight < self._floor:  # keep everything until a share arrives
+            own, out_weights = 1.0, {}
+            self.held += 1
         if out_weights:
             self.buffer.acquire()
             for dst, share in sorted(out_weights.items()):
@@ -264,7 +290,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
     # ------------------------------------------------------------------ drain
     @property
     def in_flight(self):
-        return bool(self._started or any(o.filled or o.requests for o in self._outs.values())
+        return bool(self._started or any(o.filled or o.message is not None for o in self._outs.values())
                     or any(s.src is not None for s in self._slots))
 
     def drain(self):
@@ -289,19 +315,20 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         def all_sent():
             for out in outs:
                 self._send_if_free(out)
-            return not any(out.filled or (out.requests and not self._test(out.requests)) for out in outs)
+            return not any(out.filled or (out.message is not None and not self._test(out.message)) for out in outs)
 
-        self._progress_until(all_sent, "drain (sends)", lambda: [o.dst for o in outs if o.filled or o.requests],
-                             timeout)
+        self._progress_until(all_sent, "drain (sends)",
+                             lambda: [o.dst for o in outs if o.filled or o.message is not None], timeout)
         for out in outs:
-            out.requests = []
+            out.message = None
         sent = np.zeros(self.size, dtype=np.int64)
         for out in outs:
             sent[out.dst] = out.sent
         expected = np.zeros(self.size, dtype=np.int64)
         with failures.raised_as_failure(f"{self._name}.drain (counts)"):
             counts = self.comm.Ialltoall(sent, expected)
-        self._progress_until(lambda: self._test([counts]), "drain (counts)", lambda: "all ranks (Ialltoall)", timeout)
+        self._progress_until(lambda: self._test(failures.Message([counts])), "drain (counts)",
+                             lambda: "all ranks (Ialltoall)", timeout)
         self._progress_until(lambda: not np.any(self.received < expected), "drain (receives)",
                              lambda: [int(r) for r in np.flatnonzero(self.received < expected)], timeout)
         if np.any(self.received > expected):  # cannot happen: the next epoch's messages have other tags
@@ -338,4 +365,5 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
         return (f"<AsyncPushSum {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
                 f"rank={self.rank}/{self.size} {self.topology!r} steps={self.steps} weight={self.weight:.6g} "
-                f"sent={sum(o.sent for o in self._outs.values())} received={int(self.received.sum())} {state}>")
+                f"sent={sum(o.sent for o in self._outs.values())} received={int(self.received.sum())} held={self.held} "
+                f"{state}>")

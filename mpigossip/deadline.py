@@ -8,6 +8,7 @@ progress of nonblocking and one-sided operations in MPIs without a progress thre
 
 import os
 import pickle
+import signal
 import sys
 import time
 
@@ -49,6 +50,38 @@ def abort(comm, message, errorcode=1):
     sys.stderr.write(text)
     sys.stderr.flush()
     sys.stdout.flush()
+    abort_job(comm, errorcode)
+
+
+#: The names of Open MPI's launcher and daemons (a rank's parent process under ``mpiexec``).
+OPEN_MPI_DAEMONS = frozenset({"prterun", "prted", "mpirun", "mpiexec", "orterun", "orted", "prte"})
+
+
+def abort_job(comm, errorcode=1):
+    """``comm.Abort(errorcode)``, so that the whole job ends, on every launch.
+
+    Under a fault-tolerant launch (ULFM: ``mpiexec --with-ft ulfm``) Open MPI's ``MPI_Abort``
+    ends only the calling process: the others are told of a failed peer, go on as its
+    survivors (``on_failure="continue"``) or wait, and the launcher waits for them. An abort
+    (a timeout, an exception, a NaN) must end the job there too: the local Open MPI daemon,
+    this process's parent, is ended first (``SIGTERM``), and a job that loses a daemon is
+    ended by Open MPI's launcher, on every node. Elsewhere (no ULFM, or a parent that is not
+    one of Open MPI's daemons, as under ``srun``) this is ``comm.Abort`` alone."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    from . import failures   # (failures uses this module)
+    if failures.enabled():
+        parent = os.getppid()
+        try:
+            with open(f"/proc/{parent}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            name = ""
+        if name in OPEN_MPI_DAEMONS:
+            try:
+                os.kill(parent, signal.SIGTERM)
+            except OSError:
+                pass
     comm.Abort(errorcode)
 
 

@@ -87,27 +87,89 @@ def _error_class(exc, statuses):
     return cls
 
 
+class Message:
+    """The requests of one message (its ``x`` and ``w``; or the sends of one share to several
+    peers), each one's outcome recorded when it completes.
+
+    A request that completed in error is inactive afterwards (persistent) or null: a later
+    ``MPI_Test`` of it reports it complete, with an empty status. Testing a message's requests
+    again after one of them failed would therefore take the failed one for arrived, and the
+    salvage after a failure would add an ``x`` without its ``w``, or a buffer MPI never wrote.
+    Here each request is tested once to completion and its outcome kept: :meth:`arrived` is
+    true only if every request completed without error since :meth:`start` (or since the
+    message was made, for requests already started).
+    """
+
+    __slots__ = ("requests", "_done", "error_class")
+
+    def __init__(self, requests=()):
+        self.requests = list(requests)
+        self._done = [False] * len(self.requests)
+        self.error_class = None  # the error class of the first request that failed
+
+    def start(self):
+        """Start the (persistent) requests and forget the outcomes of their last use."""
+        self._done = [False] * len(self.requests)
+        self.error_class = None
+        MPI.Prequest.Startall(self.requests)
+
+    @property
+    def failed(self):
+        """Whether a request of this message completed in error (a peer failed, or the
+        communicator was revoked)."""
+        return self.error_class is not None
+
+    def test(self, op):
+        """Test the requests not yet complete: whether all have completed; raises
+        :class:`PeerFailure` if one completed in error (now or before: the outcome is kept)."""
+        if self.error_class is not None:
+            raise PeerFailure(op, self.error_class)
+        for i, request in enumerate(self.requests):
+            if self._done[i]:
+                continue
+            try:
+                self._done[i] = request.Test()
+            except MPI.Exception as exc:
+                self._done[i] = True
+                cls = exc.Get_error_class()
+                if cls in FAILED:
+                    self.error_class = cls
+                    raise PeerFailure(op, cls) from None
+                raise
+        return all(self._done)
+
+    def arrived(self):
+        """After a failure: whether every request completed without error (tested once more
+        now; False if one is still pending or completed in error)."""
+        try:
+            return self.test("salvage")
+        except PeerFailure:
+            return False
+
+    def pending(self):
+        """The indices of the requests not yet complete."""
+        return [i for i, done in enumerate(self._done) if not done]
+
+
 def wait(requests, *, comm, timeout, op, peer=None):
-    """:func:`mpigossip.deadline.wait` of ``requests`` (persistent ones: their completion in
-    error must not free them) that raises :class:`PeerFailure` when a peer has failed or the
-    communicator was revoked; other MPI errors propagate, a timeout ends the job as always."""
-    deadline.wait_until(lambda: test(requests, op), comm=comm, timeout=timeout, op=op,
-                        peer=deadline.naming(requests, peer))
-
-
-def arrived(requests):
-    """After a failure: whether ``requests`` had completed whole (False if one completed in
-    error: its peer failed or the communicator was revoked)."""
-    try:
-        return test(requests, "salvage")
-    except PeerFailure:
-        return False
+    """:func:`mpigossip.deadline.wait` of ``requests`` (a :class:`Message`, or a list of
+    requests: persistent ones, whose completion in error must not free them) that raises
+    :class:`PeerFailure` when a peer has failed or the communicator was revoked; other MPI
+    errors propagate, a timeout ends the job as always. ``peer(pending)`` is called with the
+    indices of the requests still pending."""
+    message = requests if isinstance(requests, Message) else Message(requests)
+    who = peer
+    if callable(peer):
+        def who():
+            return peer(message.pending())
+    deadline.wait_until(lambda: message.test(op), comm=comm, timeout=timeout, op=op, peer=who)
 
 
 def test(requests, op):
-    """``MPI_Testall`` of ``requests`` (persistent ones: see :func:`wait`): whether all have
-    completed; raises :class:`PeerFailure` when a peer has failed or the communicator was
-    revoked."""
+    """``MPI_Testall`` of ``requests`` that complete or fail as one (a collective's request):
+    whether all have completed; raises :class:`PeerFailure` when a peer has failed or the
+    communicator was revoked. Requests whose outcomes matter one by one (a message's parts,
+    tested again after a failure) go in a :class:`Message`."""
     statuses = [MPI.Status() for _ in requests]
     try:
         return MPI.Request.Testall(requests, statuses)

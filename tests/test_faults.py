@@ -151,14 +151,22 @@ def survivors(out):
     (5, ["--victim", "2", "--algo", "osgp", "--kind", "torch", "--mb", "4", "--mid"]),
     (4, ["--victim", "3", "--algo", "agp", "--steps", "120"]),  # AGP: nobody waits; it mixes slower
     (5, ["--victim", "2", "--algo", "agp", "--mb", "4", "--mid", "--steps", "120"]),
+    # two peers a step, killed at a boundary and mid-step at other steps (a share added in part,
+    # or its x without its w, broke z - base in 4-6 of 10 runs each before failures.Message)
+    (5, ["--algo", "agp", "--peers", "2", "--die", "7", "--steps", "37", "--compute-ms", "2"]),
+    (5, ["--algo", "agp", "--peers", "2", "--die", "12", "--mid", "--steps", "42", "--compute-ms", "2"]),
+    (5, ["--algo", "osgp", "--peers", "2", "--die", "9", "--steps", "39", "--compute-ms", "2"]),
+    (5, ["--algo", "osgp", "--peers", "2", "--die", "16", "--mid", "--steps", "46", "--compute-ms", "2"]),
 ])
-def test_survivors_of_a_killed_rank_go_on(n, args):
+def test_survivors_of_a_killed_rank_go_on(n, args, tmp_path):
     """PushSum (synchronous and overlap mode), AGP, D-PSGD, AllreduceAverager and gossip push with
     on_failure="continue" under ULFM: a rank SIGKILLs itself; every survivor learns
     it in that step, recovers within 15 s and takes every step; the failure is recorded alike
     everywhere; Σx and Σw are conserved over the survivors afterwards and Σw plus the weight
-    lost is the world size; z converges (tests/scripts/survive.py checks, per survivor)."""
-    proc, _ = run(["--with-ft", "ulfm", "-n", str(n), sys.executable, SURVIVE, *args], timeout=120)
+    lost is the world size, and no more than the victim's weight is gone; z converges and
+    z - base stays one constant over the elements (tests/scripts/survive.py checks, per survivor)."""
+    record = ["--record", str(tmp_path / "victim")]
+    proc, _ = run(["--with-ft", "ulfm", "-n", str(n), sys.executable, SURVIVE, *args, *record], timeout=120)
     found = survivors(proc.stdout)
     assert len(found) == n - 1 and all(s["ok"] for s in found), proc.stdout + proc.stderr
     assert all(s["size"] == n - 1 for s in found)
@@ -295,3 +303,32 @@ def test_a_shrink_that_hangs_ends_the_process_naming_it():
             "ending this process") in proc.stderr, proc.stderr
     assert "in Shrink" in proc.stderr, proc.stderr   # the stack of the thread that waited
     assert time.monotonic() - start < 30
+
+
+ABORT_ONE = """
+import sys, time
+from mpi4py import MPI
+from mpigossip import deadline
+from mpigossip.__main__ import abort_on_uncaught
+comm = MPI.COMM_WORLD
+if comm.Get_rank() == 1:
+    time.sleep(0.5)
+    if sys.argv[1] == "exception":
+        abort_on_uncaught(RuntimeError("loss is nan at step 3963"))
+    deadline.abort(comm, "PushSum.drain: timed out after 3 s waiting for rank 2")
+time.sleep(60)
+print("rank", comm.Get_rank(), "still running after 60 s", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["exception", "timeout"])
+def test_an_abort_ends_a_fault_tolerant_job(how):
+    """Under ULFM (``--with-ft ulfm``) Open MPI's MPI_Abort ends only the rank that calls it:
+    the others went on and the launcher waited for them (a NaN on one rank hung the job until
+    an outer timeout). An uncaught exception or a deadline's abort ends the whole job there
+    too, within seconds."""
+    proc, seconds = run(["--with-ft", "ulfm", "-n", "3", sys.executable, "-c", ABORT_ONE, how], timeout=90)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "still running" not in proc.stdout, proc.stdout
+    assert seconds < 30, (seconds, proc.stdout + proc.stderr)
+    assert ("uncaught exception" if how == "exception" else "timed out after 3 s") in proc.stderr, proc.stderr

@@ -224,3 +224,68 @@ def test_agp_drain_then_go_on_without_a_collective(kind, stage):
                                    err_msg=f"AGP lost or duplicated mass in round {i}")
         assert c.allreduce(wr) == pytest.approx(c.size, rel=0, abs=1e-12), f"round {i}: Σw"
     ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KIND_ONLY)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_agp_weight_stays_above_its_floor_when_nothing_arrives(kind, stage, dtype):
+    """AGP: rank 0 steps 1,200 times while the others wait (nothing arrives for it), as a
+    rank does while its peers sit in a collective. Each step would halve its weight: 2^-1200
+    is zero in float64 (NaN in z), and ``x = w z`` in float32 flushes to zero after ~150. With
+    the floor (``min_weight``, 2^-10 of the initial weight) it keeps its shares once below it:
+    its weight stays >= 2^-11, Σw and Σx are exact after drain(), and on every rank
+    ``z - base`` is one constant over the elements (every element shared one mixing history:
+    the x of a share never travelled without its w)."""
+    c = comm()
+    n = 4099
+    base = (np.arange(n) % 13).astype(dtype)
+    x = make(kind, base + c.rank)
+    ps = mg.PushSum(x, comm=c, stage=stage, max_delay=None)
+    lowest = ps.weight
+    if c.rank == 0:
+        for _ in range(1200):
+            ps.step()
+            lowest = min(lowest, ps.weight)
+    c.Barrier()
+    for _ in range(30):   # then every rank mixes a little
+        ps.step()
+        lowest = min(lowest, ps.weight)
+    ps.drain()
+    assert lowest >= 2.0 ** -11, f"rank {c.rank}: weight fell to {lowest!r}"
+    if c.rank == 0:
+        assert ps.held > 1000, ps.held
+    assert c.allreduce(ps.weight) == pytest.approx(c.size, rel=0, abs=1e-12)
+    z = to_host(x).astype(np.float64) / ps.weight
+    tol = 1e-9 if dtype == "float64" else 1e-4
+    shift = z - base
+    assert np.ptp(shift) < tol * (1 + abs(shift[0])), f"rank {c.rank}: z - base spread {np.ptp(shift)}"
+    expected = float(base.astype(np.float64).sum()) * c.size + n * c.size * (c.size - 1) / 2
+    assert c.allreduce(float(to_host(x).astype(np.float64).sum())) == pytest.approx(
+        expected, rel=1e-12 if dtype == "float64" else 1e-5)
+    ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_agp_soak_weights_bounded_mass_exact():
+    """A bounded soak (the long one: benchmarks/soak.py): AGP over 1.6 MB buffers, so that a
+    message takes many steps, for 2,000 steps with a rank twice as slow as the others. The
+    weights stay above the floor at every step (they fell to 1e-150 and to 0.0 without it),
+    and after drain() Σw is exact and z - base one constant on every rank."""
+    c = comm()
+    n = 200_000
+    base = np.arange(n, dtype=np.float64) % 7
+    x = base + c.rank
+    ps = mg.PushSum(x, comm=c, max_delay=None)
+    lowest = 1.0
+    for i in range(2000):
+        if c.rank == 1 and i % 2 == 0:
+            time.sleep(1e-4)
+        ps.step()
+        lowest = min(lowest, ps.weight)
+    ps.drain()
+    assert lowest >= 2.0 ** -11, f"rank {c.rank}: weight fell to {lowest!r}"
+    assert c.allreduce(ps.weight) == pytest.approx(c.size, rel=0, abs=1e-10)
+    shift = x / ps.weight - base
+    assert np.ptp(shift) < 1e-9, f"rank {c.rank}: z - base spread {np.ptp(shift)}"
+    ps.free()

@@ -15,7 +15,11 @@ instead of before it). Each survivor checks, and prints one JSON line ``survive:
   (nothing else lost), and Σw plus the weight lost is the initial world size (PushSum; D-PSGD
   has no weight: w = 1; gossip push keeps no sum, and is checked for the rest);
 - z = x / w has converged over the survivors (spread below 1e-6; AGP, which mixes only as fast
-  as its links free up, 1e-2), inside the range of the initial values.
+  as its links free up, 1e-2), inside the range of the initial values;
+- z - base is one constant over the elements on every survivor (x = base + rank: every element
+  shares one mixing history, so a share added in part, or its x without its w, shows here);
+- the survivors' Σw never exceeds the world size less the victim's weight (killed at a step
+  boundary: the victim writes its weight to --record before it dies; mid-step, less nothing).
 Ends with ``mpigossip.failures.exit`` (no MPI_Finalize).
 """
 
@@ -42,6 +46,8 @@ p.add_argument("--mb", type=float, default=1.0)
 p.add_argument("--mid", action="store_true")
 p.add_argument("--algo", choices=("pushsum", "osgp", "agp", "dpsgd", "allreduce", "gossip-push"), default="pushsum")
 p.add_argument("--compute-ms", type=float, default=10.0, help="sleep per step (0: steps back to back)")
+p.add_argument("--peers", type=int, default=1, help="out-peers a step (PushSum, OSGP, AGP)")
+p.add_argument("--record", default=None, help="file where the victim writes its weight before it dies")
 p.add_argument("--dump-after", type=float, default=90.0,
                help="seconds after which every rank still running prints its threads' stacks (a hang's where)")
 a = p.parse_args()
@@ -59,7 +65,8 @@ if a.kind == "torch":
 host = x.numpy() if a.kind == "torch" else x
 
 if a.algo in ("pushsum", "osgp", "agp"):
-    ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60, max_delay=None if a.algo == "agp" else 1)
+    ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60, max_delay=None if a.algo == "agp" else 1,
+                    topology=mg.topology.ExponentialGraph(peers=a.peers))
 elif a.algo == "gossip-push":
     ps = mg.Gossip(x, comm=world, mode="push", seed=3, on_failure="continue", timeout=60)
     ps.weight = 1.0
@@ -70,6 +77,9 @@ else:
 mark = None
 for i in range(a.steps):
     if rank == victim and i == a.die:
+        if a.record:
+            with open(a.record, "w") as f:
+                f.write(repr(float(ps.weight)))
         if not a.mid:
             os.kill(os.getpid(), signal.SIGKILL)
         threading.Timer(a.compute_ms / 1e3 + 0.002, os.kill, (os.getpid(), signal.SIGKILL)).start()  # in the step
@@ -102,6 +112,9 @@ comm.Allreduce(z, zmax, op=MPI.MAX)
 steps = comm.allgather(ps.steps)
 records = comm.allgather(json.dumps(ps.failures and {k: v for k, v in ps.failures[0].items() if k != "seconds"}))
 f = ps.failures[0] if ps.failures else {}
+shift = z - base
+spread_shift = float(np.ptp(shift))
+victim_weight = float(open(a.record).read()) if a.record and not a.mid else 0.0
 checks = {  # bool() each: numpy booleans do not serialise
     "steps": steps == [a.steps] * comm.Get_size(),
     "one failure": len(ps.failures) == 1 and f["ranks"] == [victim] and f["size"] == size - 1,
@@ -114,9 +127,12 @@ checks = {  # bool() each: numpy booleans do not serialise
     # AGP mixes only as fast as its links free up: across nodes 200 steps left a spread near 5e-4
     "converged": float(np.max(zmax - zmin)) < (1e-2 if a.algo == "agp" else 1e-6),
     "inside": float(zmin.min()) >= 0 and float(zmax.max()) <= 6 + size - 1,
+    "z - base constant": spread_shift < 1e-9 * max(1.0, float(np.abs(shift).max())),
+    "no mass made": sum_w <= size - victim_weight + 1e-9,
 }
 checks = {k: bool(v) for k, v in checks.items()}
 print("survive: " + json.dumps({"rank": rank, "ok": all(checks.values()), "checks": checks,
-                                "spread": float(np.max(zmax - zmin)), "weight": ps.weight, "steps": ps.steps,
+                                "spread": float(np.max(zmax - zmin)), "z - base spread": spread_shift,
+                                "sum w": sum_w, "victim weight": victim_weight, "weight": ps.weight, "steps": ps.steps,
                                 "failure": f, "size": comm.Get_size()}), flush=True)
 failures.exit(0 if all(checks.values()) else 1)
