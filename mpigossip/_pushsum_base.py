@@ -9,7 +9,7 @@ steps differ in contract (PushSum's ranks run in lockstep, AGP's never wait), so
 
 from mpi4py import MPI
 
-from . import buffers, deadline, kernels, membership
+from . import buffers, kernels, membership
 from . import topology as topo_mod
 from . import wire as wire_mod
 from ._base import Communicator
@@ -131,10 +131,19 @@ class PushSumBase(Survives, Communicator):
         self._members = membership.Membership(new, timeout=self.timeout, op=self._name)
 
     # ------------------------------------------------------------------ failures
-    def _lost_mass(self, op):
+    def _recovery_share(self, entry):
+        return {"w": self.weight}
+
+    def _settled_weight(self, share, old_rank, last, before):
+        """A survivor's weight once :meth:`_settle` has run on it (``share`` what it told the
+        others; ``last`` the survivors' shares by their rank before the shrink)."""
+        return share["w"]
+
+    def _lost_mass(self, rec, before):
         """The weight Σw lost with the failed ranks (their own and what was in flight to or from
-        them): the same number on every survivor."""
-        total = deadline.allreduce(self.comm, self.weight, timeout=self.timeout, op=f"{op} (weight left)")
+        them): the same number on every survivor, from what each told the others."""
+        last = dict(zip(before.old, rec.shared))
+        total = sum(self._settled_weight(share, r, last, before) for r, share in last.items())
         lost, self._total_weight = self._total_weight - total, total
         return {"weight_lost": lost}
 

@@ -59,10 +59,12 @@ class PersistentExchange:
                                 comm.Send_init(self._wsend, dest=dst, tag=_W_TAG))
         return self._sends[dst]
 
-    def run(self, self_weight, outs, ins, shares, op):
+    def run(self, self_weight, outs, ins, shares, op, step=None):
         """One round: ``(x, w) = self_weight * (x, w) + sum_j shares[j] * (x_j, w_j)`` (``x``
         alone unless ``weighted``); raises :class:`~mpigossip.failures.PeerFailure` (``(x, w)``
-        unchanged) if a peer failed."""
+        unchanged) if a peer failed. ``weighted``: ``(x, w)`` as sent (before the combine) are
+        kept in :attr:`previous` with ``step``, so that a recovery can hand back a share that a
+        live out-peer never added (:meth:`mpigossip.PushSum._settle`)."""
         owner = self.owner
         op = f"{owner._name}.{op}"
         with failures.raised_as_failure(op):  # a revoked communicator fails these at once
@@ -85,11 +87,23 @@ class PersistentExchange:
         for slot in self._slots[:len(ins)]:
             slot.after_recv()
             parts.append(slot.buffer.array)
-        if self.weighted:
-            owner.weight = self_weight * owner.weight + sum(s * float(w[0]) for s, (_, _, w) in zip(shares, recvs))
         owner._acquire()
+        if self.weighted:
+            self._keep(step, owner.weight)
+            owner.weight = self_weight * owner.weight + sum(s * float(w[0]) for s, (_, _, w) in zip(shares, recvs))
         owner._combine(self_weight, parts, shares)
         owner._release()
+
+    #: ``(step, x as sent, w as sent)`` of the last combined step (weighted), or None.
+    previous = None
+
+    def _keep(self, step, weight):
+        """Copy ``x`` as this step sent it (the caller holds the buffer)."""
+        if self.previous is None:
+            self.previous = (step, buffers.scratch(self.owner.buffer), weight)
+        _, copy, _ = self.previous
+        kernels.weighted_sum(copy.array, self.owner.buffer.array, 1.0)
+        self.previous = (step, copy, weight)
 
     def abandon(self):
         """The communicator failed: keep its requests alive (never freed) and start afresh on
@@ -165,12 +179,14 @@ class Survives:
         step ``entry``; returns the :class:`~mpigossip.failures.Recovery`."""
         op = f"{self._name} (failure at step {entry})"
         self._exchange.abandon()
-        rec = failures.shrink(self.comm, entry, timeout=self.timeout, op=op)
+        rec = failures.shrink(self.comm, entry, timeout=self.timeout, op=op, share=self._recovery_share(entry))
+        before = Before(self.rank, self.size, getattr(self, "topology", None), rec.lost)
         self.comm, self._owns_comm = rec.comm, True
         self.rank, self.size = rec.comm.Get_rank(), rec.comm.Get_size()
+        self._settle(rec, before)
         self._rebind()
         record = {"step": rec.step, "ranks": [self.members[r] for r in rec.lost], "size": self.size,
-                  **self._lost_mass(op), "seconds": rec.seconds}
+                  **self._lost_mass(rec, before), "seconds": rec.seconds}
         self.failures.append(record)
         gone = set(rec.lost)
         self.members = [m for r, m in enumerate(self.members) if r not in gone]
@@ -194,10 +210,30 @@ class Survives:
         """After a shrink: the graph over the survivors (the communicator's ``_bind_topology``)."""
         self.topology = self._bind_topology()
 
-    def _lost_mass(self, op):
-        """What the failure cost, as entries of the record (override; collective over the
-        survivors)."""
+    def _recovery_share(self, entry):
+        """What this survivor tells the others in the recovery (:attr:`Recovery.shared
+        <mpigossip.failures.Recovery>`; override): a small picklable value, or None."""
+        return None
+
+    def _lost_mass(self, rec, before):
+        """What the failure cost, as entries of the record (override; from ``rec.shared``, the
+        same on every survivor: no collective)."""
         return {}
+
+    def _settle(self, rec, before):
+        """Right after the shrink: make the survivors' sums exact where the failure left them
+        split (override; local, from ``rec.shared``)."""
+
+
+class Before:
+    """The communicator that failed, as a recovery sees it: this rank's ``rank`` in it, its
+    ``size`` and ``topology``, and the ranks of it that survived (``old``, in order:
+    ``old[r]`` is the survivor that is rank r now)."""
+
+    def __init__(self, rank, size, topology, lost):
+        self.rank, self.size, self.topology = rank, size, topology
+        gone = set(lost)
+        self.old = [r for r in range(size) if r not in gone]
 
 
 def recover_together(comms):

@@ -158,11 +158,8 @@ def wait(requests, *, comm, timeout, op, peer=None):
     errors propagate, a timeout ends the job as always. ``peer(pending)`` is called with the
     indices of the requests still pending."""
     message = requests if isinstance(requests, Message) else Message(requests)
-    who = peer
-    if callable(peer):
-        def who():
-            return peer(message.pending())
-    deadline.wait_until(lambda: message.test(op), comm=comm, timeout=timeout, op=op, peer=who)
+    deadline.wait_until(lambda: message.test(op), comm=comm, timeout=timeout, op=op,
+                        peer=(lambda: peer(message.pending())) if callable(peer) else peer)
 
 
 def test(requests, op):
@@ -205,21 +202,33 @@ class Recovery:
         comm: the survivors' communicator (errors return on it).
         lost: the ranks of the old communicator that failed, sorted.
         step: the agreed step (the largest ``step`` any survivor passed).
+        shared: what each survivor passed as ``share``, by its rank in ``comm`` (or None).
         seconds: how long the revoke, the shrink and the agreement took.
     """
 
-    def __init__(self, comm, lost, step, seconds):
-        self.comm, self.lost, self.step, self.seconds = comm, lost, step, seconds
+    def __init__(self, comm, lost, step, seconds, shared=None):
+        self.comm, self.lost, self.step, self.seconds, self.shared = comm, lost, step, seconds, shared
 
     def __repr__(self):
         return f"<Recovery lost={self.lost} size={self.comm.Get_size()} step={self.step} {self.seconds:.3f} s>"
 
 
-def shrink(comm, step, *, timeout, op):
+#: Test hook: ``MPIGOSSIP_CRASH_IN_RECOVERY=R`` makes world rank R die (SIGKILL) in its first
+#: recovery, right after the survivors' exchange and before their agreement on it.
+CRASH_IN_RECOVERY = "MPIGOSSIP_CRASH_IN_RECOVERY"
+
+
+def shrink(comm, step, *, timeout, op, share=None):
     """Collective over the survivors of ``comm``: revoke it, shrink it to the survivors, and
-    agree on the step (the largest ``step`` passed: a survivor whose exchanges with live peers
-    completed may be ahead of one that met the failure). ``comm`` itself is kept, never freed.
-    A further failure during the agreement is met by shrinking again."""
+    exchange what the recovery needs: the step (the largest ``step`` passed: a survivor whose
+    exchanges with live peers completed may be ahead of one that met the failure) and each
+    survivor's ``share`` (a small picklable value: :attr:`Recovery.shared`). ``comm`` itself is
+    kept, never freed.
+
+    Ordinary collectives report a failure to some ranks and not to others, so the exchange is
+    followed by ``MPI_Comm_agree`` on whether it succeeded everywhere, which answers the same on
+    every survivor: if a rank failed meanwhile, every survivor shrinks again and repeats the
+    exchange; none goes on with an answer the others lack."""
     start = time.monotonic()
     _seen[0] = True
     original = list(range(comm.Get_size()))  # comm's ranks -> the first communicator's
@@ -236,15 +245,36 @@ def shrink(comm, step, *, timeout, op):
         lost += [original[r] for r in sorted(set(range(comm.Get_size())) - set(kept))]
         original = [original[r] for r in kept]
         keep(comm)
+        gathered = None
         try:
-            agreed = deadline.allreduce(new, int(step), timeout=timeout, op=f"{op} (the step to go on from)",
-                                        reduce=MPI.MAX)
-        except MPI.Exception as exc:  # another rank failed meanwhile: shrink again
+            gathered = deadline.allgather(new, (int(step), share), timeout=timeout,
+                                          op=f"{op} (the step to go on from)")
+        except MPI.Exception as exc:   # another rank failed meanwhile
             if exc.Get_error_class() not in FAILED:
                 raise
-            comm = new
-            continue
-        return Recovery(new, sorted(lost), int(agreed), time.monotonic() - start)
+        _crash_hook()
+        if _agree(new, gathered is not None, timeout=timeout, op=op):
+            return Recovery(new, sorted(lost), max(g[0] for g in gathered), time.monotonic() - start,
+                            [g[1] for g in gathered])
+        comm = new   # some survivor's exchange failed: shrink again, every survivor alike
+
+
+def _agree(comm, ok, *, timeout, op):
+    """``MPI_Comm_agree`` of ``ok`` over the live ranks of ``comm``: True if it was true on
+    every one of them and none failed before contributing (the same answer on every survivor)."""
+    try:
+        with _deadline(timeout, f"{op}: MPI_Comm_agree did not return within {timeout:g} s"):
+            return bool(comm.Agree(1 if ok else 0))
+    except MPI.Exception as exc:
+        if exc.Get_error_class() not in FAILED:
+            raise
+        return False
+
+
+def _crash_hook():
+    value = os.environ.get(CRASH_IN_RECOVERY)
+    if value and int(value) == MPI.COMM_WORLD.Get_rank():
+        os.kill(os.getpid(), 9)
 
 
 def agree_failed(comm, failed, *, timeout, op):

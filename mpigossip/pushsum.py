@@ -154,7 +154,7 @@ class PushSum(PushSumBase):
             raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
         self._overlap = False
         if self._exchange is not None:
-            return self._tolerant_step(lambda k: self._exchange.run(*self._mixing(k), f"step (step {k})"))
+            return self._tolerant_step(lambda k: self._exchange.run(*self._mixing(k), f"step (step {k})", step=k))
         if self._agree_members():
             return
         k = self.steps
@@ -294,6 +294,71 @@ class PushSum(PushSumBase):
         super()._recover(entry)
         if self._started:
             self._counted = True
+
+    def _recovery_share(self, entry):
+        share = super()._recovery_share(entry)
+        previous = None if self._exchange is None else self._exchange.previous
+        if not self._overlap:   # synchronous steps: what _settle needs of every survivor
+            share.update(entry=entry, combined=entry - 1 if previous is None else previous[0],
+                         sent=None if previous is None else previous[2])
+        return share
+
+    def _adjustment(self, share, old_rank, last, topology):
+        """Synchronous steps: ``(keep, back)`` for a survivor (its ``share``, its rank
+        ``old_rank`` before the shrink): its ``(x, w)`` become ``keep * (x, w) + back * (x, w)
+        as sent at its last combined step`` (see :meth:`_settle`)."""
+        if "entry" not in share:
+            return 1.0, 0.0
+        entry, combined = share["entry"], share["combined"]
+        keep = back = 0.0
+        if combined < entry:   # entry not combined here: take out what live out-peers added
+            _, outs = topology.mixing_weights(old_rank, entry)
+            keep = sum(v for dst, v in outs.items() if dst in last and last[dst].get("combined", -1) >= entry)
+        if share["sent"] is not None:   # combined: add back what live out-peers never added
+            _, outs = topology.mixing_weights(old_rank, combined)
+            back = sum(v for dst, v in outs.items() if dst in last and last[dst].get("combined", combined) < combined)
+        return 1.0 - keep, back
+
+    def _settled_weight(self, share, old_rank, last, before):
+        keep, back = self._adjustment(share, old_rank, last, before.topology)
+        return keep * share["w"] + (back * share["sent"] if back else 0.0)
+
+    def _settle(self, rec, before):
+        """Synchronous steps: a step is combined whole or not at all on each rank, so a failure
+        can leave two survivors split over the step it struck. From what every survivor told
+        the others (the last step it combined), for each out-peer that survived:
+
+        * this rank did not combine the step it met the failure in (it keeps ``(x, w)`` as
+          sent) and the peer did, adding this rank's share: the share is taken out here (it
+          was counted twice);
+        * this rank combined its last step and the peer did not, so the share sent to it then
+          was never added: it is added back here, from the copy of ``(x, w)`` as sent
+          (:attr:`~mpigossip._tolerant.PersistentExchange.previous`).
+
+        The survivors' sums then hold all their mass; only the dead ranks' own and what was in
+        flight to or from them is lost. (A share sent at an older step to a peer that had not
+        combined it would be lost too: not seen, since a rank finishes a step only once its
+        in-peers have entered it.)"""
+        previous = None if self._exchange is None else self._exchange.previous
+        if self._exchange is not None:
+            self._exchange.previous = None   # (of the communicator that failed)
+        last = dict(zip(before.old, rec.shared))
+        mine = last[before.rank]
+        keep, back = self._adjustment(mine, before.rank, last, before.topology)
+        if keep == 1.0 and not back:
+            return
+        self.buffer.acquire()
+        if keep != 1.0:
+            kernels.scale(self.buffer.array, keep)
+        if back:
+            kernels.weighted_sum(self.buffer.array, self.buffer.array, 1.0, [previous[1].array], [back],
+                                 keep_recvs=True)
+        self.buffer.release()
+        self.weight = keep * self.weight + back * (previous[2] if back else 0.0)
+        if self._zbuf is not None:
+            self._acquire()
+            kernels.debias(self._zbuf.array, self.buffer.array, self.weight)
+            self._release()
 
     def _split_off(self, send, p, uniform):
         """Overlap mode: split this step's share of ``(x, w)`` into ``send`` (the caller holds

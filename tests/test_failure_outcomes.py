@@ -72,3 +72,18 @@ def test_other_errors_propagate():
     message = failures.Message([Request(MPI.ERR_TRUNCATE)])
     with pytest.raises(MPI.Exception):
         message.test("step")
+
+
+def test_a_checkpoint_barrier_that_cannot_start_is_a_failure_not_an_error():
+    """A second checkpoint before the algorithm meets a failure (AGP meets a kill some steps
+    late; an outer method every H steps): the barrier's MPI_Ibarrier itself fails on a
+    communicator with a failed peer. The checkpoint is then incomplete (not committed), as
+    when the failure is met in the barrier's wait, instead of a raw MPI.Exception."""
+    pytest.importorskip("torch")
+    from mpigossip.train import checkpoint
+
+    class Comm:
+        def Ibarrier(self):
+            raise MPI.Exception(MPI.ERR_PROC_FAILED)
+
+    assert checkpoint._barrier(Comm(), 5.0, True) is False

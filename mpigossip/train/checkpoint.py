@@ -71,8 +71,9 @@ def _barrier(comm, timeout, tolerant):
         deadline.barrier(comm, timeout=timeout, op="checkpoint")
         return True
     try:
-        failures.wait([comm.Ibarrier()], comm=comm, timeout=timeout, op="checkpoint",
-                      peer="all ranks (Ibarrier)")
+        with failures.raised_as_failure("checkpoint"):  # a failed peer may fail the Ibarrier's start itself
+            barrier = comm.Ibarrier()
+        failures.wait([barrier], comm=comm, timeout=timeout, op="checkpoint", peer="all ranks (Ibarrier)")
     except failures.PeerFailure:
         return False
     return True

@@ -47,18 +47,27 @@ p.add_argument("--mid", action="store_true")
 p.add_argument("--algo", choices=("pushsum", "osgp", "agp", "dpsgd", "allreduce", "gossip-push"), default="pushsum")
 p.add_argument("--compute-ms", type=float, default=10.0, help="sleep per step (0: steps back to back)")
 p.add_argument("--peers", type=int, default=1, help="out-peers a step (PushSum, OSGP, AGP)")
+p.add_argument("--unequal", action="store_true",
+               help="PushSum family: initial weights 1 + rank (x = w (base + rank)), so that mass gained or lost shows")
+p.add_argument("--crash-in-recovery", type=int, default=None,
+               help="this rank dies too, in the survivors' recovery (mpigossip.failures.CRASH_IN_RECOVERY)")
 p.add_argument("--record", default=None, help="file where the victim writes its weight before it dies")
 p.add_argument("--dump-after", type=float, default=90.0,
                help="seconds after which every rank still running prints its threads' stacks (a hang's where)")
 a = p.parse_args()
 faulthandler.dump_traceback_later(a.dump_after, exit=False)
 
+if a.crash_in_recovery is not None:
+    os.environ[failures.CRASH_IN_RECOVERY] = str(a.crash_in_recovery)
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
+total = size * (size + 1) / 2 if a.unequal else size   # Σw at the start
 victim = a.victim if a.victim >= 0 else size - 1
+lost = sorted({victim} | ({a.crash_in_recovery} if a.crash_in_recovery is not None else set()))
 n = max(1, int(a.mb * (1 << 20)) // 8)
 base = np.arange(n, dtype=np.float64) % 7
-x = base + rank
+w0 = 1.0 + rank if a.unequal else 1.0
+x = (base + rank) * w0
 if a.kind == "torch":
     import torch
     x = torch.from_numpy(x)
@@ -66,7 +75,7 @@ host = x.numpy() if a.kind == "torch" else x
 
 if a.algo in ("pushsum", "osgp", "agp"):
     ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60, max_delay=None if a.algo == "agp" else 1,
-                    topology=mg.topology.ExponentialGraph(peers=a.peers))
+                    topology=mg.topology.ExponentialGraph(peers=a.peers), weight=w0)
 elif a.algo == "gossip-push":
     ps = mg.Gossip(x, comm=world, mode="push", seed=3, on_failure="continue", timeout=60)
     ps.weight = 1.0
@@ -117,18 +126,18 @@ spread_shift = float(np.ptp(shift))
 victim_weight = float(open(a.record).read()) if a.record and not a.mid else 0.0
 checks = {  # bool() each: numpy booleans do not serialise
     "steps": steps == [a.steps] * comm.Get_size(),
-    "one failure": len(ps.failures) == 1 and f["ranks"] == [victim] and f["size"] == size - 1,
+    "one failure": len(ps.failures) == 1 and f["ranks"] == lost and f["size"] == size - len(lost),
     "same record": len(set(records)) == 1,
     "recovered within 15 s": bool(f) and f["seconds"] < 15,
     "mass conserved after": mark is not None and (a.algo == "gossip-push" or (
         np.isclose(mark[0], sum_x, rtol=1e-12) and np.isclose(mark[1], sum_w, rtol=1e-12))),
     "weight accounted": bool(f) and (a.algo not in ("pushsum", "osgp", "agp")
-                                     or abs(sum_w + f["weight_lost"] - size) < 1e-9),
+                                     or abs(sum_w + f["weight_lost"] - total) < 1e-9),
     # AGP mixes only as fast as its links free up: across nodes 200 steps left a spread near 5e-4
     "converged": float(np.max(zmax - zmin)) < (1e-2 if a.algo == "agp" else 1e-6),
     "inside": float(zmin.min()) >= 0 and float(zmax.max()) <= 6 + size - 1,
     "z - base constant": spread_shift < 1e-9 * max(1.0, float(np.abs(shift).max())),
-    "no mass made": sum_w <= size - victim_weight + 1e-9,
+    "no mass made": sum_w <= total - victim_weight + 1e-9,
 }
 checks = {k: bool(v) for k, v in checks.items()}
 print("survive: " + json.dumps({"rank": rank, "ok": all(checks.values()), "checks": checks,
