@@ -113,6 +113,7 @@ class Run:
                 self.straggle = factor
         self.start_step = 0
         self.times = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0}
+        self.weight_min = math.inf  # the PushSum family: the smallest weight this rank held after a step
         self.metrics_file = None
 
     def make_algorithm(self):
@@ -243,8 +244,14 @@ class Run:
                 return self._preempt(step)
             if step == self.kill_at:
                 sys.stdout.flush()
+                if self.metrics_file is not None:   # every step it took is on file
+                    self.metrics_file.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
             record = self.train_step(step)
+            weights = getattr(self.algo, "weights", None)
+            if weights:
+                self.weight_min = min(self.weight_min, *weights)
+                record["weights"] = [float(w) for w in weights]
             if self.on_failure == "continue":
                 self._follow_algorithm()   # (done already where the wrapper called it back)
             self.train_s = record["train_s"]  # this rank's training time at its last step (before drain)
@@ -293,6 +300,12 @@ class Run:
                    "wait_time_s": wait / self.size, "blocked_in_mpi_s": blocked / self.size,
                    "tcp_progress_thread": progress.is_on(), "on_failure": self.on_failure,
                    "failures": self.failures, "initial_world_size": self.initial_size}
+        weights = getattr(self.algo, "weights", None)
+        if weights:   # after the drain: Σw per parameter group, and the smallest weight any rank held
+            summary["weight_sum"] = [float(v) for v in np.atleast_1d(reduce(self.comm, [float(w) for w in weights],
+                                                                            self.timeout))]
+            lowest = float(reduce(self.comm, self.weight_min, self.timeout, op=MPI.MIN))
+            summary["weight_min"] = lowest if math.isfinite(lowest) else None
         if self.metrics_file is not None:
             self.metrics_file.close()
         if self.out and self.rank == 0:

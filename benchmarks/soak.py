@@ -1,0 +1,153 @@
+"""Soak: every method that survives a dead rank, trained for 20,000 steps, with and without a
+failure in the middle, asserting what must hold at any horizon.
+
+    python benchmarks/soak.py [--steps 20000] [--ranks 4] [--algorithms sgp osgp agp ...]
+        [--out benchmarks/results] [--name soak] [--runs DIR]
+
+Each method trains the digits MLP (``python -m mpigossip train``) on ``--ranks`` ranks of
+this machine twice: under a plain launch, and under a fault-tolerant one
+(``mpigossip-mpiexec --with-ft ulfm``, ``--on-failure continue``) where the last rank is
+killed (SIGKILL) half way. Every run must end with exit status 0 and:
+
+* a model that still trains: test accuracy >= 0.9 on the digits;
+* the PushSum family (SGP, OSGP, AGP): the smallest weight any rank held after a step at or
+  above 2^-11 (AGP's floor, ``min_weight``, is 2^-10 of the initial weight; without it a rank's
+  weight reached 1e-150 and 0.0 within 3,000 steps), and exact mass: after the final drain
+  Σw is the world size (no failure), or the world size less the weight the recovery reports
+  lost, which is at least the dead rank's own weight at its death (its last metrics record);
+* after a failure: the survivors end at the reduced size, the failure recorded once.
+
+Writes ``OUT/NAME.json`` (every run's summary, the checks, the commit and versions) and
+``OUT/NAME.md`` (a table: per method and case, accuracy, steps per second, the smallest
+weight, the weight lost against the dead rank's own, the recovery time); exits 1 if a check
+failed. ``tests/test_train.py`` runs a bounded version (a few methods, fewer steps) in the
+test command; this is the full one, about 3 minutes a run here (2 cores).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from mpigossip import provenance  # noqa: E402
+
+#: The methods that survive a dead rank (``--on-failure continue``): (name, train flags).
+METHODS = {
+    "sgp": [],
+    "osgp": [],
+    "agp": [],
+    "gossip-push": [],
+    "dpsgd": [],
+    "allreduce": [],
+    "slowmo:sgp": ["--base", "sgp"],
+    "diloco:gossip-push": ["--base", "gossip-push"],
+}
+PUSHSUM = {"sgp", "osgp", "agp"}
+FLOOR = 2.0 ** -11
+
+
+def run(name, steps, ranks, fail, folder, timeout):
+    """One training run; returns (exit status, summary or None, the dead rank's last weight, seconds)."""
+    algorithm = name.split(":")[0]
+    launcher = os.path.join(os.path.dirname(sys.executable), "mpigossip-mpiexec")
+    victim = ranks - 1
+    cmd = [launcher, *(["--with-ft", "ulfm"] if fail else []), "-n", str(ranks), sys.executable, "-m", "mpigossip",
+           "train", "--algorithm", algorithm, *METHODS[name], "--steps", str(steps), "--quiet", "--out", folder]
+    if fail:
+        cmd += ["--on-failure", "continue", "--kill", f"{victim}:{steps // 2}"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    seconds = time.monotonic() - t0
+    summary_path = os.path.join(folder, "summary.json")
+    summary = json.load(open(summary_path)) if proc.returncode == 0 and os.path.exists(summary_path) else None
+    dead_weight = None
+    if fail:
+        metrics = os.path.join(folder, f"metrics-rank{victim}.jsonl")
+        if os.path.exists(metrics):
+            records = [json.loads(line) for line in open(metrics) if line.strip()]
+            weighted = [r for r in records if "weights" in r]
+            dead_weight = weighted[-1]["weights"][0] if weighted else None
+    return proc, summary, dead_weight, seconds
+
+
+def checks(name, summary, dead_weight, ranks, fail):
+    """The checks of one run, as {name: bool}."""
+    if summary is None:
+        return {"finished": False}
+    out = {"finished": True, "trains (>= 0.9)": summary["final_accuracy"] >= 0.9}
+    failures = summary.get("failures", [])
+    if fail:
+        out["one failure, survivors at the reduced size"] = (len(failures) == 1 and summary["world_size"] == ranks - 1)
+    if name in PUSHSUM:
+        out["weights above 2^-11"] = summary.get("weight_min") is not None and summary["weight_min"] >= FLOOR
+        lost = failures[0].get("weight_lost", 0.0) if failures else 0.0
+        out["exact mass"] = all(abs(s + lost - ranks) < 1e-9 for s in summary["weight_sum"])
+        if fail and dead_weight is not None:
+            out["lost >= the dead rank's own"] = lost >= dead_weight - 1e-9
+    return out
+
+
+def table(rows, steps, ranks):
+    lines = [f"# Soak: {steps} steps on {ranks} ranks, with and without a failure half way", "",
+             "| method | case | accuracy | steps/s | smallest weight | weight lost | dead rank's own | recovery (s) |"
+             " checks |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["summary"] or {}
+        f = (s.get("failures") or [{}])[0]
+        def fmt(v, spec):
+            return "" if v is None else format(v, spec)
+        lines.append(f"| {r['method']} | {'kill rank %d at %d' % (ranks - 1, steps // 2) if r['fail'] else 'no failure'} "
+                     f"| {fmt(s.get('final_accuracy'), '.4f')} | {fmt(s.get('throughput_steps_s'), '.0f')} "
+                     f"| {fmt(s.get('weight_min'), '.3g')} | {fmt(f.get('weight_lost'), '.3f')} "
+                     f"| {fmt(r['dead_weight'], '.3f')} | {fmt(f.get('seconds'), '.3f')} "
+                     f"| {'all pass' if all(r['checks'].values()) else 'FAILED: ' + ', '.join(k for k, v in r['checks'].items() if not v)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=20000)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--algorithms", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--cases", nargs="+", default=["none", "kill"], choices=["none", "kill"])
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--name", default="soak")
+    p.add_argument("--runs", default=None, help="folder for the runs' outputs (default: a temporary one)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take")
+    args = p.parse_args(argv)
+    runs = args.runs or tempfile.mkdtemp(prefix="mpigossip-soak-")
+    rows = []
+    for name in args.algorithms:
+        for case in args.cases:
+            fail = case == "kill"
+            folder = os.path.join(runs, f"{name.replace(':', '-')}-{case}")
+            proc, summary, dead_weight, seconds = run(name, args.steps, args.ranks, fail, folder, args.timeout)
+            result = checks(name, summary, dead_weight, args.ranks, fail)
+            rows.append({"method": name, "fail": fail, "summary": summary, "dead_weight": dead_weight,
+                         "checks": result, "seconds": seconds,
+                         "output_tail": None if summary else (proc.stdout + proc.stderr)[-3000:]})
+            print(f"soak: {name} {case}: {'ok' if all(result.values()) else 'FAILED'} {result} ({seconds:.0f} s)",
+                  flush=True)
+            write(args, rows)   # after every run: a long soak cut short keeps what it measured
+    return 0 if all(all(r["checks"].values()) for r in rows) else 1
+
+
+def write(args, rows):
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
+        json.dump({"commit": provenance.commit(), "versions": provenance.versions(), "steps": args.steps,
+                   "ranks": args.ranks, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
+        f.write(table(rows, args.steps, args.ranks))
+        f.write(f"\nCommit {provenance.commit()}; {provenance.versions()}.\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
