@@ -5,19 +5,33 @@ first, then ``x``) from one of two buffers it swaps, and receives a share from t
 probe of its weight named, into one of ``receives`` slots. With ``on_failure="continue"``
 every one of those messages is a persistent request (with Open MPI's ob1 a non-persistent
 request to a dead peer may end the job): made once per out-peer, buffer and epoch's tags, or
-per slot, source and epoch's tags, and started each time. A failure met in a step (an error
-completing one of them, or a probe or start on a communicator another survivor revoked)
-goes to :meth:`AsyncSurvives._recover_async`: the shares that had arrived whole are added,
-those accumulating for an out-peer (never sent) taken back, the rest in flight is lost
-(counted in the weight lost), the requests are kept alive, never freed, and the ranks go on
-over the survivors. No rank waits for another in a step, so none is made to skip steps: each
-keeps its own count.
+per slot, source and epoch's tags, and started each time.
 
-The weight (8 bytes) is received with a blocking ``MPI_Recv`` once probed (it has arrived);
-the share after it on a persistent request.
+A failure is met in a step: an error completing a message to or from the dead rank, or the
+*alarm*, a receive from any source posted on a duplicate of the communicator and tested at
+every step, which fails on every survivor once ULFM knows of a failed rank or another
+survivor has revoked the duplicate. The recovery (:meth:`AsyncSurvives._recover_async`):
+
+1. the shares that had arrived whole are added, those accumulating for an out-peer (never
+   sent) taken back;
+2. the alarm's communicator is revoked (every survivor enters its recovery now) and shrunk:
+   the survivors agree on who they are and tell each other how many messages each sent every
+   other (in this epoch and the next: the drains' tags) and how many it added;
+3. on the communicator that failed, not revoked yet (ULFM lets live ranks go on talking
+   there), each survivor receives and adds every message another survivor had sent it, and
+   completes its own sends to survivors;
+4. that communicator is revoked and shrunk (:meth:`~mpigossip._tolerant.Survives.
+   _shrink_to_survivors`); training goes on over the survivors, each from its own step.
+
+Only the dead rank's own mass and what was in flight to or from it is lost (counted in the
+weight lost). The weight (8 bytes) is received with a blocking ``MPI_Recv`` once probed (it
+has arrived); the share after it on a persistent request.
 """
 
-from . import failures
+import numpy as np
+from mpi4py import MPI
+
+from . import deadline, failures
 
 
 class AsyncRequests:
@@ -27,8 +41,35 @@ class AsyncRequests:
     def __init__(self, owner):
         self.owner = owner
         self._sends = {}   # (dst, id of the buffer, epoch parity) -> [w request, x request]
-        self._recvs = {}   # (slot, src, epoch parity) -> x request
+        self._recvs = {}   # (slot, its buffer, src, epoch parity) -> x request
         self._memory = []  # what the requests point at: kept with them after a failure
+        self.alarm = None  # a duplicate of the communicator, with a receive from any source posted
+        self._ping = None
+
+    def arm(self):
+        """Collective: the alarm over the owner's current communicator."""
+        with failures.raised_as_failure(f"{self.owner._name} (alarm)"):
+            self.alarm = self.owner.comm.Dup()
+            self.alarm.Set_errhandler(MPI.ERRORS_RETURN)
+            buf = np.zeros(1, dtype=np.uint8)
+            self._ping = failures.Message([self.alarm.Irecv(buf, source=MPI.ANY_SOURCE, tag=0)])
+            self._memory.append(buf)
+
+    def watch(self, op):
+        """Raise :class:`~mpigossip.failures.PeerFailure` once a rank of the communicator has
+        failed (ULFM fails a pending receive from any source) or a survivor has sounded the
+        alarm."""
+        if self._ping is not None:
+            # twice: a test makes MPI progress, which may only then mark the receive as failed
+            self._ping.test(op)
+            self._ping.test(op)
+
+    def sound(self):
+        """Revoke the alarm's communicator: every survivor's next :meth:`watch` raises."""
+        try:
+            self.alarm.Revoke()
+        except MPI.Exception:   # another survivor revoked it already
+            pass
 
     def sends(self, out, tags):
         """The requests sending ``out``'s buffer ``out.sending`` (its weight in ``out.wsend``)."""
@@ -43,7 +84,7 @@ class AsyncRequests:
 
     def recv(self, index, slot, src, xtag):
         """The request receiving a share from ``src`` into receive slot ``index``."""
-        key = (index, src, xtag)
+        key = (index, id(slot.transport), src, xtag)   # (a slot's buffer may be replaced: _receive_from_survivors)
         if key not in self._recvs:
             self._recvs[key] = self.owner.comm.Recv_init(slot.transport.spec, source=src, tag=xtag)
             self._memory.append(slot)
@@ -53,14 +94,20 @@ class AsyncRequests:
         return [r for pair in self._sends.values() for r in pair] + list(self._recvs.values())
 
     def abandon(self):
-        """The communicator failed: keep its requests and their memory alive; start afresh."""
-        failures.keep(*self._all(), self._memory)
+        """The communicator failed: keep its requests and their memory alive; start afresh
+        (:meth:`arm` again once the owner has its new communicator)."""
+        failures.keep(*self._all(), self._memory, self.alarm, *([] if self._ping is None else self._ping.requests))
         self.__init__(self.owner)
 
     def free(self):
         """Free the requests (no failure was met on this communicator; nothing in flight)."""
         for r in self._all():
             r.Free()
+        if self.alarm is not None:   # its receive stays posted: cancel it first
+            for r in self._ping.requests:
+                r.Cancel()
+                r.Wait()
+            self.alarm.Free()
         self.__init__(self.owner)
 
 
@@ -88,12 +135,85 @@ class AsyncSurvives:
         return False
 
     def _recover_async(self):
-        """A peer failed (or another survivor revoked the communicator): add the shares that
-        had arrived whole and take back those still accumulating, drop the rest in flight,
-        shrink to the survivors and go on from this rank's own step."""
+        """A peer failed (or another survivor sounded the alarm): add the shares that had
+        arrived whole and take back those still accumulating; agree with the other survivors on
+        who they are and what each sent the others; receive what survivors sent this rank and
+        complete what it sent them; then shrink to the survivors and go on from this rank's own
+        step (see the module)."""
         arrived = [slot for slot in self._slots if slot.src is not None and slot.message.arrived()]
         if arrived:
             self._add(arrived)
         self._take_back()
+        exchange = self._exchange
+        op = f"{self._name} (failure at step {self.steps})"
+        exchange.sound()
+        counts = {"epoch": self.epoch, "received": {int(s): int(n) for s, n in enumerate(self.received) if n},
+                  "sent": {o.dst: (o.sent, o.sent_at_drain) for o in self._outs.values()}}
+        rec = failures.shrink(exchange.alarm, self.steps, timeout=self.timeout, op=f"{op} (alarm)", share=counts)
+        failures.keep(rec.comm)
+        gone = set(rec.lost)
+        survivors = [r for r in range(self.size) if r not in gone]
+        try:
+            self._receive_from_survivors(dict(zip(survivors, rec.shared)), gone, op)
+        except failures.PeerFailure:   # another rank failed meanwhile: what it sent is lost too
+            pass
+        failures.agree(rec.comm, True, timeout=self.timeout, op=f"{op} (received)")  # then revoke
         self._shrink_to_survivors(self.steps)
         self._reset_messages()
+        self._exchange.arm()
+
+    def _receive_from_survivors(self, shared, gone, op):
+        """Receive and add every message the survivors sent this rank (``shared``: what each
+        survivor told, by rank), and complete this rank's sends to them, on the communicator
+        that failed (not revoked)."""
+        me = self.rank
+        todo = {}  # src -> [messages left with this epoch's tags, with the next epoch's]
+        for src, info in shared.items():
+            if src == me:
+                continue
+            total, at_drain = info["sent"].get(me, (0, 0))
+            got = int(self.received[src])
+            if info["epoch"] == self.epoch + 1:   # it has left the drain this rank is still in
+                todo[src] = [max(0, at_drain - got), total - max(at_drain, got)]
+            else:
+                todo[src] = [max(0, total - got), 0]
+        for index, slot in enumerate(self._slots):   # a share from a survivor being received is one of them
+            if slot.src is not None and slot.src in todo:
+                todo[slot.src][0] -= 1
+            elif slot.src is not None:   # from the dead rank, and not arrived whole: lost (a fresh buffer)
+                self._slots[index] = type(slot)(self._new_transport())
+        outs = [o for o in self._outs.values() if o.message is not None and o.dst not in gone]
+        for o in self._outs.values():
+            if o.dst in gone:
+                o.message = None
+        status = MPI.Status()
+
+        def progress():
+            for o in outs:
+                if o.message is not None and o.message.test(op):
+                    o.message = None
+            done = [s for s in self._slots if s.src is not None and s.message.test(op)]
+            if done:
+                self._add(done)
+            for index, slot in enumerate(self._slots):
+                if slot.src is not None:
+                    continue
+                src, nxt = next(((s, left[0] == 0) for s, left in todo.items() if left[0] or left[1]), (None, 0))
+                if src is None:
+                    break
+                xtag, wtag = self._tags(self.epoch + nxt)
+                if not self.comm.Iprobe(source=src, tag=wtag, status=status):
+                    break
+                self.comm.Recv(self._wrecv, source=src, tag=wtag)
+                message = failures.Message([self._exchange.recv(index, slot, src, xtag)])
+                message.start()
+                slot.src, slot.w, slot.message = src, float(self._wrecv[0]), message
+                todo[src][nxt] -= 1
+            return (not any(o.message is not None for o in outs) and not any(s.src is not None for s in self._slots)
+                    and not any(left[0] or left[1] for left in todo.values()))
+
+        with failures.raised_as_failure(op):
+            deadline.wait_until(progress, comm=self.comm, timeout=self.timeout, op=f"{op} (the survivors' messages)",
+                                peer=lambda: sorted({s for s, left in todo.items() if left[0] or left[1]}
+                                                    | {s.src for s in self._slots if s.src is not None}
+                                                    | {o.dst for o in outs if o.message is not None}))

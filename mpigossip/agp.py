@@ -68,7 +68,7 @@ def _tags(epoch):
 class _Out:
     """One out-peer: the message in flight to it and the shares accumulating for it."""
 
-    __slots__ = ("dst", "sending", "message", "wsend", "accumulating", "waccum", "filled", "sent")
+    __slots__ = ("dst", "sending", "message", "wsend", "accumulating", "waccum", "filled", "sent", "sent_at_drain")
 
     def __init__(self, dst, new_transport):
         self.dst = dst
@@ -78,6 +78,7 @@ class _Out:
         self.waccum = 0.0
         self.filled = False  # whether ``accumulating`` holds shares not yet sent
         self.sent = 0        # messages sent to dst (compared by drain)
+        self.sent_at_drain = 0  # of them, those sent before the last drain (the earlier epoch's tags)
 
 
 class _Slot:
@@ -116,6 +117,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
     """
 
     _name = "AsyncPushSum"
+    _tags = staticmethod(_tags)
 
     def __init__(self, x, *, comm, topology=None, weight=1.0, timeout=None, cuda_aware=None, stage=None,
                  receives=2, min_weight=2.0 ** -10, z=None, wire=None, on_failure="abort"):
@@ -130,6 +132,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                                         or failures.check_on_failure(on_failure)),
                          same={"receives": receives, "on_failure": on_failure})
         self._tolerate(on_failure, lambda: AsyncRequests(self))
+        if self._exchange is not None:
+            self._exchange.arm()
         if self._exchange is not None:  # Σw now, against which a failure's loss is reported
             self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
                                                     op=f"{self._name} (total weight)")
@@ -153,6 +157,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         share of a sender is paired with its k-th weight."""
         if self._members is not None:
             self._notices()
+        if self._exchange is not None:
+            self._exchange.watch(f"{self._name} (step {self.steps})")
         done = [s for s in self._slots if s.src is not None and self._test(s.message)]
         if done:
             self._add(done)
@@ -231,6 +237,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         self._check_open()
         if self._started:
             raise RuntimeError(f"{self._name}.start(): call finish() before the next start()")
+        if self._exchange is not None:   # a failure known here is met before any share goes to the dead rank
+            self._surviving(lambda: self._exchange.watch(f"{self._name} (step {self.steps})"))
         k = self.steps
         self.topology.check_step(k)
         own, out_weights = self.topology.mixing_weights(self.rank, k)
@@ -334,6 +342,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         if np.any(self.received > expected):  # cannot happen: the next epoch's messages have other tags
             raise RuntimeError(f"{self._name}.drain(): received {self.received} but the senders count {expected}")
         self.epoch += 1
+        for out in outs:
+            out.sent_at_drain = out.sent
         if self._members is not None:
             self._members.leaving = self._leaving
             self._members.post()
@@ -359,6 +369,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         if self.closed:
             return
         self._complete()
+        if self._exchange is not None and not self.failures:   # (after a failure: kept, never freed)
+            self._exchange.free()
         self._free_comm()
 
     def __repr__(self):

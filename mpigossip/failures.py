@@ -253,13 +253,13 @@ def shrink(comm, step, *, timeout, op, share=None):
             if exc.Get_error_class() not in FAILED:
                 raise
         _crash_hook()
-        if _agree(new, gathered is not None, timeout=timeout, op=op):
+        if agree(new, gathered is not None, timeout=timeout, op=op):
             return Recovery(new, sorted(lost), max(g[0] for g in gathered), time.monotonic() - start,
                             [g[1] for g in gathered])
         comm = new   # some survivor's exchange failed: shrink again, every survivor alike
 
 
-def _agree(comm, ok, *, timeout, op):
+def agree(comm, ok, *, timeout, op):
     """``MPI_Comm_agree`` of ``ok`` over the live ranks of ``comm``: True if it was true on
     every one of them and none failed before contributing (the same answer on every survivor)."""
     try:

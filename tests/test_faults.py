@@ -341,3 +341,19 @@ def test_an_abort_ends_a_fault_tolerant_job(how):
     assert "still running" not in proc.stdout, proc.stdout
     assert seconds < 30, (seconds, proc.stdout + proc.stderr)
     assert ("uncaught exception" if how == "exception" else "timed out after 3 s") in proc.stderr, proc.stderr
+
+
+AGP_IN_FLIGHT = os.path.join(HERE, "scripts", "agp_in_flight.py")
+
+
+def test_agp_survivors_keep_what_they_sent_each_other():
+    """AGP: a rank dies while shares between two survivors are in flight (one of them neither
+    steps nor receives for 1.5 s). The survivors receive what they sent each other before the
+    communicator is revoked: the weight lost is exactly the dead rank's, Σw over the survivors
+    the rest (tests/scripts/agp_in_flight.py; revoking first lost the shares in flight)."""
+    import json
+    proc, _ = run(["--with-ft", "ulfm", "-n", "4", sys.executable, AGP_IN_FLIGHT, "--mb", "4"], timeout=120)
+    found = [json.loads(line.split("agp_in_flight: ", 1)[1]) for line in proc.stdout.splitlines()
+             if line.startswith("agp_in_flight: ")]
+    assert len(found) == 3 and all(s["ok"] for s in found), proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -87,8 +87,8 @@ mark = None
 for i in range(a.steps):
     if rank == victim and i == a.die:
         if a.record:
-            with open(a.record, "w") as f:
-                f.write(repr(float(ps.weight)))
+            with open(a.record, "w") as f:   # AGP: with what accumulates for its out-peers (its own too)
+                f.write(repr(float(ps.weight) + sum(o.waccum for o in getattr(ps, "_outs", {}).values())))
         if not a.mid:
             os.kill(os.getpid(), signal.SIGKILL)
         threading.Timer(a.compute_ms / 1e3 + 0.002, os.kill, (os.getpid(), signal.SIGKILL)).start()  # in the step
