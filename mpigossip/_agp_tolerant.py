@@ -28,7 +28,6 @@ weight lost). The weight (8 bytes) is received with a blocking ``MPI_Recv`` once
 has arrived); the share after it on a persistent request.
 """
 
-import numpy as np
 from mpi4py import MPI
 
 from . import deadline, failures
@@ -43,33 +42,17 @@ class AsyncRequests:
         self._sends = {}   # (dst, id of the buffer, epoch parity) -> [w request, x request]
         self._recvs = {}   # (slot, its buffer, src, epoch parity) -> x request
         self._memory = []  # what the requests point at: kept with them after a failure
-        self.alarm = None  # a duplicate of the communicator, with a receive from any source posted
-        self._ping = None
+        self.alarm = None  # a failures.Alarm over the owner's communicator
 
     def arm(self):
         """Collective: the alarm over the owner's current communicator."""
-        with failures.raised_as_failure(f"{self.owner._name} (alarm)"):
-            self.alarm = self.owner.comm.Dup()
-            self.alarm.Set_errhandler(MPI.ERRORS_RETURN)
-            buf = np.zeros(1, dtype=np.uint8)
-            self._ping = failures.Message([self.alarm.Irecv(buf, source=MPI.ANY_SOURCE, tag=0)])
-            self._memory.append(buf)
+        self.alarm = failures.Alarm(self.owner.comm, self.owner._name)
 
     def watch(self, op):
-        """Raise :class:`~mpigossip.failures.PeerFailure` once a rank of the communicator has
-        failed (ULFM fails a pending receive from any source) or a survivor has sounded the
-        alarm."""
-        if self._ping is not None:
-            # twice: a test makes MPI progress, which may only then mark the receive as failed
-            self._ping.test(op)
-            self._ping.test(op)
-
-    def sound(self):
-        """Revoke the alarm's communicator: every survivor's next :meth:`watch` raises."""
-        try:
-            self.alarm.Revoke()
-        except MPI.Exception:   # another survivor revoked it already
-            pass
+        """Raise :class:`~mpigossip.failures.PeerFailure` once a rank has failed or a survivor
+        has sounded the alarm (:class:`~mpigossip.failures.Alarm`)."""
+        if self.alarm is not None:
+            self.alarm.watch(op)
 
     def sends(self, out, tags):
         """The requests sending ``out``'s buffer ``out.sending`` (its weight in ``out.wsend``)."""
@@ -96,18 +79,17 @@ class AsyncRequests:
     def abandon(self):
         """The communicator failed: keep its requests and their memory alive; start afresh
         (:meth:`arm` again once the owner has its new communicator)."""
-        failures.keep(*self._all(), self._memory, self.alarm, *([] if self._ping is None else self._ping.requests))
+        failures.keep(*self._all(), self._memory)
+        if self.alarm is not None:
+            self.alarm.keep()
         self.__init__(self.owner)
 
     def free(self):
         """Free the requests (no failure was met on this communicator; nothing in flight)."""
         for r in self._all():
             r.Free()
-        if self.alarm is not None:   # its receive stays posted: cancel it first
-            for r in self._ping.requests:
-                r.Cancel()
-                r.Wait()
-            self.alarm.Free()
+        if self.alarm is not None:
+            self.alarm.free()
         self.__init__(self.owner)
 
 
@@ -146,10 +128,10 @@ class AsyncSurvives:
         self._take_back()
         exchange = self._exchange
         op = f"{self._name} (failure at step {self.steps})"
-        exchange.sound()
+        exchange.alarm.sound()
         counts = {"epoch": self.epoch, "received": {int(s): int(n) for s, n in enumerate(self.received) if n},
                   "sent": {o.dst: (o.sent, o.sent_at_drain) for o in self._outs.values()}}
-        rec = failures.shrink(exchange.alarm, self.steps, timeout=self.timeout, op=f"{op} (alarm)", share=counts)
+        rec = failures.shrink(exchange.alarm.comm, self.steps, timeout=self.timeout, op=f"{op} (alarm)", share=counts)
         failures.keep(rec.comm)
         gone = set(rec.lost)
         survivors = [r for r in range(self.size) if r not in gone]

@@ -18,7 +18,7 @@ both sides go through the steps in order.
 
 import numpy as np
 
-from . import buffers, failures
+from . import buffers, deadline, failures
 
 _X_TAG, _W_TAG = 3, 4
 
@@ -29,13 +29,20 @@ class PersistentOverlap:
     ``_name``, ``_stage``, ``_cuda_aware``, ``_combine``, ``_acquire``, ``_release``,
     ``_split_off``, ``_receive_factor``)."""
 
-    def __init__(self, owner):
+    def __init__(self, owner, first_step):
+        """Collective (the alarm's duplicate communicator); ``first_step``: the step of the
+        first ``start()`` over this communicator (the same on every rank)."""
         self.owner = owner
         self._recv_slots, self._recv_free = [], []   # receive Transports and their weight buffers
         self._send_slots, self._send_free = [], []
         self._recv_reqs, self._send_reqs = {}, {}    # (peer, slot) -> [x request, w request]
-        self.pending = []   # [step, src, slot, factor, failures.Message], oldest first
+        self.pending = []   # [step, src, slot, factor, failures.Message, ordinal], oldest first
         self.sends = []     # [slot, failures.Message, dsts], oldest first
+        self.first_step = first_step
+        self.sent = {}      # dst -> messages sent to it over this communicator
+        self.posted = {}    # src -> receives posted for it over this communicator
+        self.last_posted = {}   # src -> the step of the last of them
+        self.alarm = failures.Alarm(owner.comm, owner._name)
 
     # ------------------------------------------------------------------ slots and requests
     def _transport(self):
@@ -72,22 +79,18 @@ class PersistentOverlap:
         (at most ``max_delay + 1`` sends in flight: wait for the oldest). Raises
         :class:`~mpigossip.failures.PeerFailure`."""
         o = self.owner
+        self.alarm.watch(op)     # a failure known here is met before any share goes to the dead rank
         o.buffer.synchronize()   # no combine queued on the device still reads a slot MPI rewrites
-        posted = []
         with failures.raised_as_failure(op):
             for src in ins:
-                slot = self._slot(self._recv_slots, self._recv_free)
-                message = failures.Message(self._recv(src, slot))
-                message.start()
-                posted.append([k, src, slot, o._receive_factor(src, k), message])
-        self.pending += posted
+                self._post(k, src)
         if not outs:
             return
         self.progress_sends(op)
         while len(self.sends) > o.max_delay + 1:
             _, reqs, dsts = self.sends[0]
             failures.wait(reqs, comm=o.comm, timeout=o.timeout, op=f"{op} (send of step {k})",
-                          peer=lambda pending, dsts=dsts: dsts)
+                          peer=lambda pending, dsts=dsts: dsts, alarm=self.alarm)
             self.progress_sends(op)
         slot = self._slot(self._send_slots, self._send_free)
         send, wbuf = self._send_slots[slot]
@@ -98,8 +101,20 @@ class PersistentOverlap:
         send.before_send()
         message = failures.Message([r for dst in outs for r in self._send(dst, slot)])
         self.sends.append([slot, message, list(outs)])   # the share has left (x, w): lost if it never arrives
+        for dst in outs:
+            self.sent[dst] = self.sent.get(dst, 0) + 1
         with failures.raised_as_failure(op):
             message.start()
+
+    def _post(self, k, src):
+        """Post the receive of what ``src`` sent at step k."""
+        slot = self._slot(self._recv_slots, self._recv_free)
+        message = failures.Message(self._recv(src, slot))
+        message.start()
+        ordinal = self.posted.get(src, 0)   # src's messages here, over this communicator, in order
+        self.pending.append([k, src, slot, self.owner._receive_factor(src, k), message, ordinal])
+        self.posted[src] = ordinal + 1
+        self.last_posted[src] = k
 
     def progress_sends(self, op):
         still = []
@@ -115,14 +130,15 @@ class PersistentOverlap:
         before. Raises :class:`~mpigossip.failures.PeerFailure` (what arrived before it is
         added)."""
         o = self.owner
+        self.alarm.watch(op)
         self.progress_sends(op)
         arrived, still = [], []
         try:
             for msg in self.pending:
-                step, src, _, _, reqs = msg
+                step, src, _, _, reqs, _ = msg
                 if step <= force_before:
                     failures.wait(reqs, comm=o.comm, timeout=o.timeout, op=f"{op} (message of step {step})",
-                                  peer=lambda pending, src=src: [src])
+                                  peer=lambda pending, src=src: [src], alarm=self.alarm)
                 (arrived if reqs.test(op) else still).append(msg)
         finally:
             done = {id(m) for m in arrived}
@@ -135,7 +151,7 @@ class PersistentOverlap:
         o = self.owner
         for _, reqs, dsts in list(self.sends):
             failures.wait(reqs, comm=o.comm, timeout=o.timeout, op=f"{op} (sends)",
-                          peer=lambda pending, dsts=dsts: dsts)
+                          peer=lambda pending, dsts=dsts: dsts, alarm=self.alarm)
         self.progress_sends(op)
 
     def _add(self, msgs):
@@ -143,7 +159,7 @@ class PersistentOverlap:
             return
         o = self.owner
         parts = []
-        for _, _, slot, factor, _ in msgs:
+        for _, _, slot, factor, _, _ in msgs:
             x, w = self._recv_slots[slot]
             x.after_recv()
             parts.append(x.buffer.array)
@@ -165,13 +181,72 @@ class PersistentOverlap:
         self.pending = [m for m in self.pending if id(m) not in done]
         self._add(arrived)
 
+    def quiesce(self, step, op):
+        """After a failure, before the communicator is revoked (every survivor calls it): sound
+        the alarm, agree with the other survivors on who they are and how many messages each
+        sent every other over this communicator, then receive and add what survivors sent this
+        rank and complete what it sent them. Only what was in flight to or from the dead ranks
+        is lost. A further failure meanwhile loses what the newly dead had in flight too."""
+        o = self.owner
+        self.alarm.sound()
+        share = {"first": self.first_step, "sent": dict(self.sent)}
+        rec = failures.shrink(self.alarm.comm, step, timeout=o.timeout, op=f"{op} (alarm)", share=share)
+        failures.keep(rec.comm)
+        gone = set(rec.lost)
+        survivors = [r for r in range(o.size) if r not in gone]
+        shared = dict(zip(survivors, rec.shared))
+        try:
+            self._receive_from_survivors(shared, gone, op)
+        except failures.PeerFailure:
+            pass
+        failures.agree(rec.comm, True, timeout=o.timeout, op=f"{op} (received)")  # then revoke
+
+    def _receive_from_survivors(self, shared, gone, op):
+        """Post the receives of what each survivor sent this rank over this communicator and no
+        receive awaits yet (it is ahead), then receive and add them all; complete this rank's
+        sends to survivors."""
+        o = self.owner
+        me = o.rank
+        # from the dead: lost; from a survivor, a receive for a share it never sent (it met the
+        # failure first): dropped (its request stays posted on the communicator that failed)
+        self.pending = [m for m in self.pending if m[1] not in gone and m[5] < shared[m[1]]["sent"].get(me, 0)]
+        for src, info in shared.items():
+            if src == me:
+                continue
+            # src's j-th message here went at the j-th step from first_step at which this rank was
+            # its out-peer; the receives posted so far are the first `posted` of them
+            count, last = self.posted.get(src, 0), self.last_posted.get(src)
+            step = info["first"] if last is None else last + 1
+            while count < info["sent"].get(me, 0):
+                if me in o.topology.mixing_weights(src, step)[1]:
+                    with failures.raised_as_failure(op):
+                        self._post(step, src)
+                    count += 1
+                step += 1
+        sends = []
+        for _, message, dsts in self.sends:   # the requests to survivors (two per out-peer: x, w)
+            sends += [r for i, dst in enumerate(dsts) if dst not in gone for r in message.requests[2 * i:2 * i + 2]]
+        sends = failures.Message(sends)
+
+        def progress():
+            arrived = [m for m in self.pending if m[4].test(op)]
+            if arrived:
+                done = {id(m) for m in arrived}
+                self.pending = [m for m in self.pending if id(m) not in done]
+                self._add(arrived)
+            return sends.test(op) and not self.pending
+
+        deadline.wait_until(progress, comm=o.comm, timeout=o.timeout, op=f"{op} (the survivors' messages)",
+                            peer=lambda: sorted({m[1] for m in self.pending}))
+        self.sends = []
+
     def abandon(self):
         """The communicator failed: what is in flight is lost; keep its requests (and the
-        memory they point at) alive, never freed, and start afresh on the next one."""
+        memory they point at) alive, never freed."""
         failures.keep(*[r for reqs in self._recv_reqs.values() for r in reqs],
                       *[r for reqs in self._send_reqs.values() for r in reqs],
                       self._recv_slots, self._send_slots)
-        self.__init__(self.owner)
+        self.alarm.keep()
 
     def free(self):
         """Free the requests (no failure was met on this communicator; nothing in flight)."""
@@ -179,3 +254,4 @@ class PersistentOverlap:
                  [r for reqs in self._send_reqs.values() for r in reqs]:
             r.Free()
         self._recv_reqs, self._send_reqs = {}, {}
+        self.alarm.free()

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 from . import deadline
@@ -151,14 +152,60 @@ class Message:
         return [i for i, done in enumerate(self._done) if not done]
 
 
-def wait(requests, *, comm, timeout, op, peer=None):
+class Alarm:
+    """How every survivor learns of a failure at once, without revoking the communicator the
+    messages travel on: a duplicate of it (``comm``; collective) with a receive from any source
+    posted, which ULFM fails on every rank once it knows of a failed rank, or once a survivor
+    revokes the duplicate (:meth:`sound`). A communicator tests it (:meth:`watch`) at every step
+    and in every wait; its recovery then sounds it, shrinks it (the survivors' agreement, and
+    what they tell each other) and receives what survivors had sent each other on the
+    communicator that failed, still open between live ranks, before revoking that one."""
+
+    def __init__(self, comm, op):
+        with raised_as_failure(f"{op} (alarm)"):
+            self.comm = comm.Dup()
+            self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+            self._buf = np.zeros(1, dtype=np.uint8)
+            self._ping = Message([self.comm.Irecv(self._buf, source=MPI.ANY_SOURCE, tag=0)])
+
+    def watch(self, op):
+        """Raise :class:`PeerFailure` if a rank has failed or a survivor sounded the alarm."""
+        # twice: a test makes MPI progress, which may mark the receive as failed only then
+        self._ping.test(op)
+        self._ping.test(op)
+
+    def sound(self):
+        """Revoke the duplicate: every survivor's next :meth:`watch` raises."""
+        try:
+            self.comm.Revoke()
+        except MPI.Exception:   # another survivor revoked it already
+            pass
+
+    def keep(self):
+        """After a failure: kept to the end of the process, never freed (see the module)."""
+        keep(self.comm, self._buf, *self._ping.requests)
+
+    def free(self):
+        """No failure was met: cancel the receive and free the duplicate."""
+        for r in self._ping.requests:
+            r.Cancel()
+            r.Wait()
+        self.comm.Free()
+
+
+def wait(requests, *, comm, timeout, op, peer=None, alarm=None):
     """:func:`mpigossip.deadline.wait` of ``requests`` (a :class:`Message`, or a list of
     requests: persistent ones, whose completion in error must not free them) that raises
-    :class:`PeerFailure` when a peer has failed or the communicator was revoked; other MPI
-    errors propagate, a timeout ends the job as always. ``peer(pending)`` is called with the
-    indices of the requests still pending."""
+    :class:`PeerFailure` when a peer has failed or the communicator was revoked (or ``alarm``,
+    an :class:`Alarm`, went off); other MPI errors propagate, a timeout ends the job as always.
+    ``peer(pending)`` is called with the indices of the requests still pending."""
     message = requests if isinstance(requests, Message) else Message(requests)
-    deadline.wait_until(lambda: message.test(op), comm=comm, timeout=timeout, op=op,
+
+    def done():
+        if alarm is not None:
+            alarm.watch(op)
+        return message.test(op)
+    deadline.wait_until(done, comm=comm, timeout=timeout, op=op,
                         peer=(lambda: peer(message.pending())) if callable(peer) else peer)
 
 

@@ -262,7 +262,11 @@ class PushSum(PushSumBase):
             self._counted = True
             return
         if self._overlap_exchange is None:
-            self._overlap_exchange = PersistentOverlap(self)
+            try:
+                self._overlap_exchange = PersistentOverlap(self, k)
+            except failures.PeerFailure:
+                self._recover(k)
+                return
         self.topology.check_step(k)
         self_weight, out_weights = self.topology.mixing_weights(self.rank, k)
         ins = self.topology.in_peers(self.rank, k)
@@ -288,9 +292,12 @@ class PushSum(PushSumBase):
     def _recover(self, entry):
         """Survives' recovery, and in overlap mode: what was in flight is lost, and a step whose
         start() met the failure counts (its finish() only ends it)."""
-        if self._overlap_exchange is not None:
-            self._overlap_exchange.salvage()
-            self._overlap_exchange.abandon()
+        overlap = self._overlap_exchange
+        if overlap is not None:   # what arrived whole, then what survivors sent each other
+            overlap.salvage()
+            overlap.quiesce(self.steps, f"{self._name} (failure at step {entry})")
+            overlap.abandon()
+            self._overlap_exchange = None   # a new one over the survivors, at the next start()
         super()._recover(entry)
         if self._started:
             self._counted = True

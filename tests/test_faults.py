@@ -346,13 +346,16 @@ def test_an_abort_ends_a_fault_tolerant_job(how):
 AGP_IN_FLIGHT = os.path.join(HERE, "scripts", "agp_in_flight.py")
 
 
-def test_agp_survivors_keep_what_they_sent_each_other():
-    """AGP: a rank dies while shares between two survivors are in flight (one of them neither
-    steps nor receives for 1.5 s). The survivors receive what they sent each other before the
-    communicator is revoked: the weight lost is exactly the dead rank's, Σw over the survivors
-    the rest (tests/scripts/agp_in_flight.py; revoking first lost the shares in flight)."""
+@pytest.mark.parametrize("algo", ["agp", "osgp"])
+def test_survivors_keep_what_they_sent_each_other(algo):
+    """AGP and OSGP: a rank dies while shares between two survivors are in flight (one of them
+    neither steps nor receives for 1.5 s). The survivors receive what they sent each other
+    before the communicator is revoked: the weight lost is exactly the dead rank's, Σw over the
+    survivors the rest (tests/scripts/agp_in_flight.py; revoking first lost the shares in
+    flight)."""
     import json
-    proc, _ = run(["--with-ft", "ulfm", "-n", "4", sys.executable, AGP_IN_FLIGHT, "--mb", "4"], timeout=120)
+    proc, _ = run(["--with-ft", "ulfm", "-n", "4", sys.executable, AGP_IN_FLIGHT, "--mb", "4", "--algo", algo],
+                  timeout=120)
     found = [json.loads(line.split("agp_in_flight: ", 1)[1]) for line in proc.stdout.splitlines()
              if line.startswith("agp_in_flight: ")]
     assert len(found) == 3 and all(s["ok"] for s in found), proc.stdout + proc.stderr

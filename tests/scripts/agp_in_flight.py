@@ -1,7 +1,7 @@
-"""AGP's survivors keep what they sent each other: a rank dies while messages between two
-survivors are still in flight, and none of them is lost.
+"""AGP's and OSGP's survivors keep what they sent each other: a rank dies while messages
+between two survivors are still in flight, and none of them is lost.
 
-    mpiexec --with-ft ulfm -n 4 python agp_in_flight.py [--mb 1]
+    mpiexec --with-ft ulfm -n 4 python agp_in_flight.py [--mb 1] [--algo agp|osgp]
 
 A directed ring (rank i sends to i + 1). After a drain (nothing in flight, Σw exact), rank 3
 dies at once, holding its weight and nothing else (its in-peer, rank 2, sends nothing now);
@@ -27,6 +27,7 @@ from mpigossip import failures
 
 p = argparse.ArgumentParser()
 p.add_argument("--mb", type=float, default=1.0)
+p.add_argument("--algo", choices=("agp", "osgp"), default="agp")
 a = p.parse_args()
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -36,11 +37,29 @@ n = max(1, int(a.mb * (1 << 20)) // 8)
 base = np.arange(n, dtype=np.float64) % 7
 w0 = 1.0 + rank
 x = (base + rank) * w0
-ps = mg.AsyncPushSum(x, comm=world, topology=mg.topology.RingGraph(), weight=w0, on_failure="continue", timeout=60)
+ps = mg.PushSum(x, comm=world, topology=mg.topology.RingGraph(), weight=w0, on_failure="continue", timeout=60,
+                max_delay=None if a.algo == "agp" else 1)
 total = size * (size + 1) / 2
+
+
+def step():
+    if a.algo == "agp":
+        ps.step()
+        return
+    if ps.started:   # OSGP: this step's share goes out while the next computes
+        ps.finish()
+    ps.start()
+
+
+def drain():
+    if a.algo == "osgp" and ps.started:
+        ps.finish()
+    ps.drain()
+
+
 for _ in range(5):
-    ps.step()
-ps.drain()
+    step()
+drain()
 victim_weight = ps.comm.allreduce(ps.weight if rank == size - 1 else 0.0)
 ps.comm.Barrier()
 if rank == size - 1:
@@ -55,10 +74,10 @@ if rank == size - 2:
         time.sleep(0.005)
 steps = 0
 while not ps.failures or steps < 40:
-    ps.step()
+    step()
     steps += 1
     time.sleep(0.002)
-ps.drain()
+drain()
 comm = ps.comm
 sum_w = comm.allreduce(ps.weight)
 shift = x / ps.weight - base
