@@ -8,6 +8,7 @@ STEPS = {
     "train": "the training job end to end under mpiexec (tests/test_train.py)",
     "reproduce": "python -m mpigossip reproduce --quick end to end",
     "slurm": "the jobs/ scripts on a local Slurm (tests/test_slurm.py)",
+    "faults": "lost and killed ranks under mpiexec, with and without ULFM (tests/test_faults.py)",
 }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one test command, in timed steps, each under its own limit (tests/steps.sh):
 #   serial: units and small launches   pytest, in-process checks and short mpiexec launches
+#   serial: fault tolerance            tests/test_faults.py (lost, hung and killed ranks; survivors under ULFM)
 #   serial: training job end to end    tests/test_train.py (every algorithm trained, resume, ...)
 #   serial: reproduce --quick          the papers' experiments, small, end to end
 #   serial: Slurm jobs, one node       the jobs/ scripts on a local Slurm
@@ -13,14 +14,14 @@
 #   bash tests/run.sh                    # everything
 #   MPIGOSSIP_TEST_SIZES="2 4" bash tests/run.sh
 #   MPIGOSSIP_CLUSTER_TESTS=0 bash tests/run.sh   # without the emulated-cluster part
-#   MPIGOSSIP_TEST_STEPS="units mpi" bash tests/run.sh   # some steps: units train reproduce slurm mpi cluster
+#   MPIGOSSIP_TEST_STEPS="units mpi" bash tests/run.sh   # some steps: units faults train reproduce slurm mpi cluster
 #   MPIGOSSIP_TEST_SCALE=2 bash tests/run.sh      # every limit doubled (a slow or shared machine)
 #   PYTHON=/path/to/python bash tests/run.sh
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 SIZES=${MPIGOSSIP_TEST_SIZES:-"1 2 3 4 5 8"}
-STEPS=${MPIGOSSIP_TEST_STEPS:-"units train reproduce slurm mpi cluster"}
+STEPS=${MPIGOSSIP_TEST_STEPS:-"units faults train reproduce slurm mpi cluster"}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60}   # deadline of every wait inside the tests
 export PYTHONUNBUFFERED=1
 if [ ! -x "$PY" ]; then
@@ -51,7 +52,8 @@ if [ ! -e "$FMNIST/train-images-idx3-ubyte.gz" ] && [ "$(id -u)" = 0 ] && comman
 fi
 
 PYTEST=("$PY" -m pytest -q --color=no -p no:cacheprovider --strict-markers tests)
-wanted units && step "serial: units and small launches" 600 "${PYTEST[@]}" -m "not (train or reproduce or slurm)"
+wanted units && step "serial: units and small launches" 600 "${PYTEST[@]}" -m "not (faults or train or reproduce or slurm)"
+wanted faults && step "serial: fault tolerance" 600 "${PYTEST[@]}" -m "faults and not train"
 wanted train && step "serial: training job end to end" 600 "${PYTEST[@]}" -m train
 wanted reproduce && step "serial: reproduce --quick" 400 "${PYTEST[@]}" -m reproduce
 if wanted slurm; then

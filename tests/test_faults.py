@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.faults   # a timed step of its own (tests/run.sh); the training cases run in the train step
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpigossip-mpiexec")
