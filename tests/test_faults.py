@@ -266,8 +266,11 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
     assert f["seconds"] < 15, f
     if algorithm in ("sgp", "slowmo"):
         assert 0 < f["weight_lost"] <= 2, f
-    if algorithm in ("osgp", "agp"):   # its own weight and what was in flight to and from the survivors
+    if algorithm in ("osgp", "agp"):   # its own weight and what was in flight to or from it
         assert 0 < f["weight_lost"] < 4, f
+    if algorithm in ("sgp", "osgp", "agp"):   # exact mass over the survivors, and AGP's floor held
+        assert all(abs(total + f["weight_lost"] - 4) < 1e-9 for total in s["weight_sum"]), s
+        assert s["weight_min"] >= 2.0 ** -11, s
     assert s["final_accuracy"] >= 0.9, s
     if algorithm == "allreduce":
         assert s["consensus_distance"] == 0, s
