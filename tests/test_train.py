@@ -148,6 +148,8 @@ def test_compare_writes_a_table(tmp_path):
 @pytest.mark.parametrize("args, code, message", [
     (["--dataset", "/nonexistent/data.npz"], 1, "/nonexistent/data.npz: no such file"),
     (["--lr", "1e30", "--steps", "50"], 3, "loss is"),
+    # without ULFM a dead rank would end the job after all (a RuntimeWarning, then exit 137): refused up front
+    (["--on-failure", "continue", "--steps", "5"], 2, "--on-failure continue needs Open MPI's fault tolerance"),
 ])
 def test_bad_data_or_a_diverging_run_give_a_clear_message_and_nonzero_exit(args, code, message):
     """Found once MPI runs (bad flags are refused before it starts: tests/test_cli.py)."""

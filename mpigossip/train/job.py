@@ -350,6 +350,10 @@ def check_world(args, algorithms, lrs, comm):
     if warning:
         print(warning, file=sys.stderr, flush=True)
     check_arguments(args, algorithms, lrs, comm.Get_size())
+    if getattr(args, "on_failure", "abort") == "continue" and comm.Get_size() > 1 and not failures.enabled():
+        raise UsageError("--on-failure continue needs Open MPI's fault tolerance (ULFM), which this launch did not "
+                         "turn on: a dead rank would still end the job. Launch with `mpiexec --with-ft ulfm` "
+                         "(or `mpigossip-mpiexec --with-ft ulfm`, `python -m mpigossip launch --fault-tolerant`)")
     if args.device == "cuda" and gpu_count() == 0:
         raise UsageError("--device cuda: no CUDA GPU is visible")
 
