@@ -9,6 +9,7 @@ STEPS = {
     "reproduce": "python -m mpigossip reproduce --quick end to end",
     "slurm": "the jobs/ scripts on a local Slurm (tests/test_slurm.py)",
     "faults": "lost and killed ranks under mpiexec, with and without ULFM (tests/test_faults.py)",
+    "resume": "the training job's checkpoints and resumes (tests/test_train.py; with the train marker)",
 }
 
 

@@ -2,7 +2,8 @@
 # The one test command, in timed steps, each under its own limit (tests/steps.sh):
 #   serial: units and small launches   pytest, in-process checks and short mpiexec launches
 #   serial: fault tolerance            tests/test_faults.py (lost, hung and killed ranks; survivors under ULFM)
-#   serial: training job end to end    tests/test_train.py (every algorithm trained, resume, ...)
+#   serial: training job end to end    tests/test_train.py (every algorithm trained, bad data, ...)
+#   serial: training job, checkpoints and resume   tests/test_train.py (exact resume, at another size, ...)
 #   serial: reproduce --quick          the papers' experiments, small, end to end
 #   serial: Slurm jobs, one node       the jobs/ scripts on a local Slurm
 #   MPI tests, world size N            tests/mpi under the venv's mpiexec at each size
@@ -54,7 +55,8 @@ fi
 PYTEST=("$PY" -m pytest -q --color=no -p no:cacheprovider --strict-markers tests)
 wanted units && step "serial: units and small launches" 600 "${PYTEST[@]}" -m "not (faults or train or reproduce or slurm)"
 wanted faults && step "serial: fault tolerance" 600 "${PYTEST[@]}" -m "faults and not train"
-wanted train && step "serial: training job end to end" 600 "${PYTEST[@]}" -m train
+wanted train && step "serial: training job end to end" 600 "${PYTEST[@]}" -m "train and not resume"
+wanted train && step "serial: training job, checkpoints and resume" 600 "${PYTEST[@]}" -m resume
 wanted reproduce && step "serial: reproduce --quick" 400 "${PYTEST[@]}" -m reproduce
 if wanted slurm; then
   step "serial: Slurm jobs, one node" 600 "${PYTEST[@]}" -m slurm

@@ -75,6 +75,7 @@ def test_plot_renders_figures(all_runs, tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+@pytest.mark.resume
 @pytest.mark.parametrize("algo", ["allreduce", "sgp", "gossip-push", "dpsgd", "diloco --base sgp --inner-steps 6"])
 def test_resume_continues_exactly(tmp_path, algo):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
@@ -89,6 +90,7 @@ def test_resume_continues_exactly(tmp_path, algo):
     assert summary(full)["final_accuracy"] == summary(resumed)["final_accuracy"]
 
 
+@pytest.mark.resume
 def test_resume_at_another_world_size_starts_from_consensus(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     assert mg(4, "train", "--steps", "40", "--checkpoint-every", "20", "--quiet", "--out", str(first)).returncode == 0
@@ -98,6 +100,7 @@ def test_resume_at_another_world_size_starts_from_consensus(tmp_path):
     assert summary(second)["world_size"] == 2 and summary(second)["final_accuracy"] > 0.9
 
 
+@pytest.mark.resume
 def test_kill_during_checkpoint_write_keeps_previous_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = mg(2, "train", "--steps", "40", "--checkpoint-every", "10", "--quiet", "--out", str(out),
@@ -110,6 +113,7 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(tmp_path):
     assert "(step 10, 2 ranks)" in proc.stdout
 
 
+@pytest.mark.resume
 def test_hierarchical_runs_reach_the_bar_and_resume_exactly(tmp_path):
     """Two emulated nodes of two ranks: the node mean in shared memory, each algorithm
     between the nodes. With two nodes every inter-node graph averages exactly, so all of
@@ -223,6 +227,7 @@ class _Planted:
         return os.system, (f"touch {self.marker}",)
 
 
+@pytest.mark.resume
 def test_resume_refuses_a_checkpoint_that_runs_code(tmp_path, checkpointed):
     import torch
     run = tmp_path / "run"
@@ -240,6 +245,7 @@ def test_resume_refuses_a_checkpoint_that_runs_code(tmp_path, checkpointed):
     assert out.count("not a plain checkpoint") == 1, "every rank raises; rank 0 alone prints"
 
 
+@pytest.mark.resume
 def test_an_exception_on_one_rank_ends_the_job_at_once(tmp_path, checkpointed):
     """Rank 0's checkpoint lacks the model: rank 0 raises KeyError while rank 1 goes on to
     wait for it. The job must end within seconds with rank 0's traceback, not at the deadline."""

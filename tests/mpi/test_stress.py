@@ -268,17 +268,20 @@ def test_agp_weight_stays_above_its_floor_when_nothing_arrives(kind, stage, dtyp
 
 @pytest.mark.mpi(min_size=2)
 def test_agp_soak_weights_bounded_mass_exact():
-    """A bounded soak (the long one: benchmarks/soak.py): AGP over 1.6 MB buffers, so that a
-    message takes many steps, for 2,000 steps with a rank twice as slow as the others. The
-    weights stay above the floor at every step (they fell to 1e-150 and to 0.0 without it),
-    and after drain() Σw is exact and z - base one constant on every rank."""
+    """A bounded soak (the long one: benchmarks/soak.py): AGP over 0.8 MB buffers, so that a
+    message takes many steps, for 1,000 steps with a rank twice as slow as the others (2-4
+    ranks: on 2 cores more ranks add time, not horizon). The weights stay above the floor at
+    every step (they fell to 1e-150 and to 0.0 without it), and after drain() Σw is exact and
+    z - base one constant on every rank."""
     c = comm()
-    n = 200_000
+    if c.size > 4:
+        pytest.skip("the bounded soak runs at 2-4 ranks")
+    n = 100_000
     base = np.arange(n, dtype=np.float64) % 7
     x = base + c.rank
     ps = mg.PushSum(x, comm=c, max_delay=None)
     lowest = 1.0
-    for i in range(2000):
+    for i in range(1000):
         if c.rank == 1 and i % 2 == 0:
             time.sleep(1e-4)
         ps.step()
