@@ -16,7 +16,7 @@ survivor has revoked the duplicate. The recovery (:meth:`AsyncSurvives._recover_
    sent) taken back;
 2. the alarm's communicator is revoked (every survivor enters its recovery now) and shrunk:
    the survivors agree on who they are and tell each other how many messages each sent every
-   other (in this epoch and the next: the drains' tags) and how many it added;
+   other (in all, and before its last drain: the drains' tags);
 3. on the communicator that failed, not revoked yet (ULFM lets live ranks go on talking
    there), each survivor receives and adds every message another survivor had sent it, and
    completes its own sends to survivors;
@@ -126,21 +126,11 @@ class AsyncSurvives:
         if arrived:
             self._add(arrived)
         self._take_back()
-        exchange = self._exchange
         op = f"{self._name} (failure at step {self.steps})"
-        exchange.alarm.sound()
-        counts = {"epoch": self.epoch, "received": {int(s): int(n) for s, n in enumerate(self.received) if n},
-                  "sent": {o.dst: (o.sent, o.sent_at_drain) for o in self._outs.values()}}
-        rec = failures.shrink(exchange.alarm.comm, self.steps, timeout=self.timeout, op=f"{op} (alarm)", share=counts)
-        failures.keep(rec.comm)
-        gone = set(rec.lost)
-        survivors = [r for r in range(self.size) if r not in gone]
-        try:
-            self._receive_from_survivors(dict(zip(survivors, rec.shared)), gone, op)
-        except failures.PeerFailure:   # another rank failed meanwhile: what it sent is lost too
-            pass
-        failures.agree(rec.comm, True, timeout=self.timeout, op=f"{op} (received)")  # then revoke
-        self._shrink_to_survivors(self.steps)
+        counts = {"epoch": self.epoch, "sent": {o.dst: (o.sent, o.sent_at_drain) for o in self._outs.values()}}
+        self._exchange.alarm.quiesce(self.steps, counts, lambda shared, gone: self._receive_from_survivors(
+            shared, gone, op), timeout=self.timeout, op=op)
+        self._shrink_to_survivors(self.steps)   # then revoke
         self._reset_messages()
         self._exchange.arm()
 

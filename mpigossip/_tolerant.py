@@ -180,7 +180,7 @@ class Survives:
         op = f"{self._name} (failure at step {entry})"
         self._exchange.abandon()
         rec = failures.shrink(self.comm, entry, timeout=self.timeout, op=op, share=self._recovery_share(entry))
-        before = Before(self.rank, self.size, getattr(self, "topology", None), rec.lost)
+        before = Before(self.rank, self.size, getattr(self, "topology", None), rec.survivors)
         self.comm, self._owns_comm = rec.comm, True
         self.rank, self.size = rec.comm.Get_rank(), rec.comm.Get_size()
         self._settle(rec, before)
@@ -230,10 +230,8 @@ class Before:
     ``size`` and ``topology``, and the ranks of it that survived (``old``, in order:
     ``old[r]`` is the survivor that is rank r now)."""
 
-    def __init__(self, rank, size, topology, lost):
-        self.rank, self.size, self.topology = rank, size, topology
-        gone = set(lost)
-        self.old = [r for r in range(size) if r not in gone]
+    def __init__(self, rank, size, topology, old):
+        self.rank, self.size, self.topology, self.old = rank, size, topology, old
 
 
 def recover_together(comms):

@@ -187,19 +187,9 @@ class PersistentOverlap:
         sent every other over this communicator, then receive and add what survivors sent this
         rank and complete what it sent them. Only what was in flight to or from the dead ranks
         is lost. A further failure meanwhile loses what the newly dead had in flight too."""
-        o = self.owner
-        self.alarm.sound()
         share = {"first": self.first_step, "sent": dict(self.sent)}
-        rec = failures.shrink(self.alarm.comm, step, timeout=o.timeout, op=f"{op} (alarm)", share=share)
-        failures.keep(rec.comm)
-        gone = set(rec.lost)
-        survivors = [r for r in range(o.size) if r not in gone]
-        shared = dict(zip(survivors, rec.shared))
-        try:
-            self._receive_from_survivors(shared, gone, op)
-        except failures.PeerFailure:
-            pass
-        failures.agree(rec.comm, True, timeout=o.timeout, op=f"{op} (received)")  # then revoke
+        self.alarm.quiesce(step, share, lambda shared, gone: self._receive_from_survivors(shared, gone, op),
+                           timeout=self.owner.timeout, op=op)
 
     def _receive_from_survivors(self, shared, gone, op):
         """Post the receives of what each survivor sent this rank over this communicator and no

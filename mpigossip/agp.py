@@ -132,9 +132,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                                         or failures.check_on_failure(on_failure)),
                          same={"receives": receives, "on_failure": on_failure})
         self._tolerate(on_failure, lambda: AsyncRequests(self))
-        if self._exchange is not None:
+        if self._exchange is not None:  # the alarm, and Σw now, against which a failure's loss is reported
             self._exchange.arm()
-        if self._exchange is not None:  # Σw now, against which a failure's loss is reported
             self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
                                                     op=f"{self._name} (total weight)")
         self._outs = {}                                   # dst -> _Out, made on first use

@@ -181,6 +181,22 @@ class Alarm:
         except MPI.Exception:   # another survivor revoked it already
             pass
 
+    def quiesce(self, step, share, receive, *, timeout, op):
+        """After a failure, before the communicator the messages travel on is revoked (every
+        survivor calls it): sound the alarm, shrink it (the survivors agree who they are and
+        tell each other ``share``), then ``receive(shared, gone)`` (``shared``: each survivor's
+        share by its rank; ``gone``: the ranks lost) receives what survivors sent this rank and
+        completes what it sent them; a further failure meanwhile loses what the newly dead had
+        in flight too. Returns once every survivor has received (an agreement)."""
+        self.sound()
+        rec = shrink(self.comm, step, timeout=timeout, op=f"{op} (alarm)", share=share)
+        keep(rec.comm)
+        try:
+            receive(dict(zip(rec.survivors, rec.shared)), set(rec.lost))
+        except PeerFailure:
+            pass
+        agree(rec.comm, True, timeout=timeout, op=f"{op} (received)")
+
     def keep(self):
         """After a failure: kept to the end of the process, never freed (see the module)."""
         keep(self.comm, self._buf, *self._ping.requests)
@@ -248,13 +264,16 @@ class Recovery:
     Attributes:
         comm: the survivors' communicator (errors return on it).
         lost: the ranks of the old communicator that failed, sorted.
+        survivors: the ranks of the old communicator that survived, in order (``survivors[r]``
+            is rank r of ``comm``).
         step: the agreed step (the largest ``step`` any survivor passed).
         shared: what each survivor passed as ``share``, by its rank in ``comm`` (or None).
         seconds: how long the revoke, the shrink and the agreement took.
     """
 
-    def __init__(self, comm, lost, step, seconds, shared=None):
+    def __init__(self, comm, lost, step, seconds, shared=None, survivors=None):
         self.comm, self.lost, self.step, self.seconds, self.shared = comm, lost, step, seconds, shared
+        self.survivors = survivors
 
     def __repr__(self):
         return f"<Recovery lost={self.lost} size={self.comm.Get_size()} step={self.step} {self.seconds:.3f} s>"
@@ -302,7 +321,7 @@ def shrink(comm, step, *, timeout, op, share=None):
         _crash_hook()
         if agree(new, gathered is not None, timeout=timeout, op=op):
             return Recovery(new, sorted(lost), max(g[0] for g in gathered), time.monotonic() - start,
-                            [g[1] for g in gathered])
+                            [g[1] for g in gathered], survivors=original)
         comm = new   # some survivor's exchange failed: shrink again, every survivor alike
 
 
