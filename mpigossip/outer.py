@@ -127,8 +127,9 @@ class Outer(Steps):
         self._anchor = buffers.scratch(self.buffer).array
         self._momentum = buffers.scratch(self.buffer).array
         self._momentum[...] = 0
-        self.buffer.acquire()
-        self._anchor[...] = self.buffer.array  # the starting point is the first anchor
+        self.buffer.acquire()  # the starting model, x / w, is the first anchor
+        update(self._anchor, self.buffer.array, None, lr=1.0, mu=0.0, nesterov=False, plain=True,
+               w=float(getattr(averager, "weight", 1.0)))
         self.buffer.release()
         self.steps = self.exchanges = 0
         self.exchanged = False  # whether the last step averaged

@@ -167,10 +167,19 @@ def survivors(out):
     # (an ordinary collective then failed on some survivors: a raw MPI.Exception ended them)
     (5, ["--algo", "pushsum", "--unequal", "--crash-in-recovery", "1", "--steps", "30", "--compute-ms", "2"]),
     (5, ["--algo", "agp", "--crash-in-recovery", "1", "--steps", "60", "--compute-ms", "2"]),
+    # the outer methods over their bases (an outer step every 3, local updates between), killed
+    # between outer steps and inside one (SlowMo over PushSum with unequal weights broke z - base,
+    # failure or not, before the first anchor was x / w)
+    (5, ["--algo", "pushsum", "--outer", "slowmo", "--unequal", "--die", "8", "--mid", "--steps", "30",
+         "--compute-ms", "2"]),
+    (5, ["--algo", "pushsum", "--outer", "diloco", "--die", "6", "--steps", "30", "--compute-ms", "2"]),
+    (5, ["--algo", "allreduce", "--outer", "slowmo", "--die", "5", "--mid", "--steps", "30", "--compute-ms", "2"]),
+    (5, ["--algo", "dpsgd", "--outer", "localsgd", "--die", "4", "--steps", "30", "--compute-ms", "2"]),
+    (5, ["--algo", "gossip-push", "--outer", "diloco", "--die", "11", "--mid", "--steps", "40", "--compute-ms", "2"]),
 ])
 def test_survivors_of_a_killed_rank_go_on(n, args, tmp_path):
-    """PushSum (synchronous and overlap mode), AGP, D-PSGD, AllreduceAverager and gossip push with
-    on_failure="continue" under ULFM: a rank SIGKILLs itself; every survivor learns
+    """PushSum (synchronous and overlap mode), AGP, D-PSGD, AllreduceAverager and gossip push, and
+    the outer methods over them, with on_failure="continue" under ULFM: a rank SIGKILLs itself; every survivor learns
     it in that step, recovers within 15 s and takes every step; the failure is recorded alike
     everywhere; Σx and Σw are conserved over the survivors afterwards and Σw plus the weight
     lost is the world size, and no more than the victim's weight is gone; z converges and

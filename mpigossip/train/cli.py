@@ -64,8 +64,8 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--node-size", type=int, default=None,
                         help="with --hierarchical: ranks per node (default: the ranks sharing memory; a "
                         "divisor splits a node, e.g. to try the hierarchy on one machine)")
-    parser.add_argument("--momentum", type=float, default=DEFAULTS["momentum"],
-                        help="SGD momentum (default: %(default)s)")
+    parser.add_argument("--momentum", type=float, default=None,
+                        help="SGD momentum (default: 0.9; diloco: 0, its momentum is the outer Nesterov step's)")
     parser.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
     parser.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default: 0)")
     parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
@@ -163,7 +163,7 @@ def check_arguments(args, algorithms, lrs, size):
         raise UsageError(f"--outer-momentum must be in [0, 1), got {args.outer_momentum}")
     if args.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-    if not 0 <= args.momentum < 1:
+    if args.momentum is not None and not 0 <= args.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}")
     if not args.compute_ms >= 0:
         raise UsageError(f"--compute-ms must be >= 0, got {args.compute_ms}")

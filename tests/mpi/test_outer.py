@@ -107,6 +107,26 @@ def test_outer_over_pushsum_keeps_the_weight_and_the_mass(method):
     outer.free()
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("method", ["slowmo", "diloco"])
+def test_the_first_anchor_is_the_model_x_over_w(method):
+    """Built over a PushSum whose weight is not 1 (x = w z), the first anchor is the model z,
+    not x: on a graph where every rank keeps its whole share and with no local update the
+    pseudo-gradient is 0, so outer steps move nothing. (The anchor was x: the first outer step
+    then pulled z towards w z.)"""
+    c = comm()
+    z = np.linspace(-1, 1, N) + c.rank
+    w = 1.0 + c.rank
+    x = w * z
+    ps = mg.PushSum(x, comm=c, weight=w, topology=mg.topology.CallableGraph(lambda rank, step: [(rank, 1.0)]))
+    outer = mg.Outer(x, ps, inner_steps=1, method=method)
+    np.testing.assert_allclose(outer._anchor, z, rtol=1e-15, atol=0)
+    for _ in range(3):
+        outer.step()
+    np.testing.assert_allclose(x / ps.weight, z, rtol=1e-14, atol=1e-14)
+    outer.free()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_resume_continues_exactly():
     """state_dict after 6 steps, a fresh object loads it, 6 more steps: the same model as 12
