@@ -39,8 +39,8 @@ class AsyncRequests:
 
     def __init__(self, owner):
         self.owner = owner
-        self._sends = {}   # (dst, id of the buffer, epoch parity) -> [w request, x request]
-        self._recvs = {}   # (slot, its buffer, src, epoch parity) -> x request
+        self._sends = {}   # (dst, id of the buffer, epoch parity) -> [w request, x's pieces...]
+        self._recvs = {}   # (slot, its buffer, src, epoch parity) -> [x's pieces...]
         self._memory = []  # what the requests point at: kept with them after a failure
         self.alarm = None  # a failures.Alarm over the owner's communicator
 
@@ -61,20 +61,20 @@ class AsyncRequests:
             xtag, wtag = tags
             comm = self.owner.comm
             self._sends[key] = [comm.Send_init(out.wsend, dest=out.dst, tag=wtag),
-                                comm.Send_init(out.sending.spec, dest=out.dst, tag=xtag)]
+                                *failures.send_init(comm, out.sending.spec, out.dst, xtag)]
             self._memory.append(out)
         return self._sends[key]
 
     def recv(self, index, slot, src, xtag):
-        """The request receiving a share from ``src`` into receive slot ``index``."""
+        """The requests receiving a share from ``src`` into receive slot ``index`` (its pieces)."""
         key = (index, id(slot.transport), src, xtag)   # (a slot's buffer may be replaced: _receive_from_survivors)
         if key not in self._recvs:
-            self._recvs[key] = self.owner.comm.Recv_init(slot.transport.spec, source=src, tag=xtag)
+            self._recvs[key] = failures.recv_init(self.owner.comm, slot.transport.spec, src, xtag)
             self._memory.append(slot)
         return self._recvs[key]
 
     def _all(self):
-        return [r for pair in self._sends.values() for r in pair] + list(self._recvs.values())
+        return [r for reqs in [*self._sends.values(), *self._recvs.values()] for r in reqs]
 
     def abandon(self):
         """The communicator failed: keep its requests and their memory alive; start afresh
@@ -177,7 +177,7 @@ class AsyncSurvives:
                 if not self.comm.Iprobe(source=src, tag=wtag, status=status):
                     break
                 self.comm.Recv(self._wrecv, source=src, tag=wtag)
-                message = failures.Message([self._exchange.recv(index, slot, src, xtag)])
+                message = failures.Message(self._exchange.recv(index, slot, src, xtag))
                 message.start()
                 slot.src, slot.w, slot.message = src, float(self._wrecv[0]), message
                 todo[src][nxt] -= 1

@@ -8,11 +8,13 @@ persistent request, made once per peer and receive slot and started each step (w
 MPI's ob1, a non-persistent request to a dead peer may end the job), and ``x`` is combined
 only once every message of the step has arrived, so a step that meets a failure leaves
 ``(x, w)`` as they were: ``z = x / w`` stays a weighted average of what the ranks held. The
-buffer goes in one piece (no chunks: a chunk combined before the failure would leave parts of
-``x`` mixed with other weights than the rest).
+buffer goes in pieces under the eager limit (:func:`mpigossip.failures.pieces`), combined only
+once all have arrived (a piece combined before the failure would leave parts of ``x`` mixed
+with other weights than the rest).
 
 Messages keep one tag per kind: a step completes all of its messages before the next starts,
-and MPI matches messages between two ranks in the order they were sent.
+and MPI matches messages between two ranks in the order they were started (the pieces of one
+message are started in order: :func:`mpigossip.failures.start`).
 """
 
 import warnings
@@ -48,14 +50,14 @@ class PersistentExchange:
                 self._slots.append(buffers.Transport(buffers.scratch(self.owner.buffer), stage=self.owner._stage,
                                                      cuda_aware=self.owner._cuda_aware))
             comm, w = self.owner.comm, np.zeros(1, dtype=np.float64)
-            self._recvs[key] = (comm.Recv_init(self._slots[j].spec, source=src, tag=_X_TAG),
+            self._recvs[key] = (failures.recv_init(comm, self._slots[j].spec, src, _X_TAG),
                                 comm.Recv_init(w, source=src, tag=_W_TAG), w)
         return self._recvs[key]
 
     def _send(self, dst):
         if dst not in self._sends:
             comm = self.owner.comm
-            self._sends[dst] = (comm.Send_init(self._x.spec, dest=dst, tag=_X_TAG),
+            self._sends[dst] = (failures.send_init(comm, self._x.spec, dst, _X_TAG),
                                 comm.Send_init(self._wsend, dest=dst, tag=_W_TAG))
         return self._sends[dst]
 
@@ -74,13 +76,13 @@ class PersistentExchange:
         for slot in self._slots[:len(ins)]:
             _ = slot.memory          # a staged slot's copy to the device has finished (Transport.memory waits)
         self._x.before_send()
-        kinds = 2 if self.weighted else 1
         if self.weighted:
             self._wsend[0] = owner.weight
-        requests = [r for x, w, _ in recvs for r in (x, w)[:kinds]] + [r for pair in sends for r in pair[:kinds]]
-        peers = [src for src in ins for _ in range(kinds)] + [dst for dst in outs for _ in range(kinds)]
+        messages = [self._requests(x, w) for x, w, _ in recvs] + [self._requests(x, w) for x, w in sends]
+        requests = [r for m in messages for r in m]
+        peers = [peer for peer, m in zip([*ins, *outs], messages) for _ in m]
         with failures.raised_as_failure(op):
-            MPI.Prequest.Startall(requests)
+            failures.start(requests)
         failures.wait(requests, comm=owner.comm, timeout=owner.timeout, op=op,
                       peer=lambda pending: sorted({peers[i] for i in pending}))
         parts = []
@@ -93,6 +95,14 @@ class PersistentExchange:
             owner.weight = self_weight * owner.weight + sum(s * float(w[0]) for s, (_, _, w) in zip(shares, recvs))
         owner._combine(self_weight, parts, shares)
         owner._release()
+
+    def _requests(self, x, w):
+        """One message's requests: ``x``'s pieces, then ``w`` when weighted."""
+        return [*x, w] if self.weighted else list(x)
+
+    def _all(self):
+        return ([r for x, w, _ in self._recvs.values() for r in (*x, w)]
+                + [r for x, w in self._sends.values() for r in (*x, w)])
 
     #: ``(step, x as sent, w as sent)`` of the last combined step (weighted), or None.
     previous = None
@@ -108,13 +118,12 @@ class PersistentExchange:
     def abandon(self):
         """The communicator failed: keep its requests alive (never freed) and start afresh on
         the next one."""
-        failures.keep(*[r for x, w, _ in self._recvs.values() for r in (x, w)],
-                      *[r for pair in self._sends.values() for r in pair])
+        failures.keep(*self._all())
         self._recvs, self._sends = {}, {}
 
     def free(self):
         """Free the requests (no failure was met on this communicator)."""
-        for r in [r for x, w, _ in self._recvs.values() for r in (x, w)] + [r for p in self._sends.values() for r in p]:
+        for r in self._all():
             r.Free()
         self._recvs, self._sends = {}, {}
 

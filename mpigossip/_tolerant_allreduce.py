@@ -2,14 +2,14 @@
 
 A ring allreduce (reduce-scatter, then allgather, one block of the buffer per rank) whose
 messages are persistent requests made once per communicator (``2 (n - 1)`` rounds, one send
-and one receive each; with Open MPI's ob1 a non-persistent request to a dead peer may end the
-job: :mod:`mpigossip.failures`). The buffer is copied before the ring and put back if a peer
-fails in it, so a mean that met a failure leaves the buffer as it was; the communicator then
+and one receive each, in pieces under the eager limit: :func:`mpigossip.failures.pieces`;
+with Open MPI's ob1 a non-persistent request to a dead peer may end the job:
+:mod:`mpigossip.failures`). The buffer is copied before the ring and put back if a peer fails
+in it, so a mean that met a failure leaves the buffer as it was; the communicator then
 shrinks to the survivors and the next mean is theirs.
 """
 
 import numpy as np
-from mpi4py import MPI
 
 from . import buffers, failures, kernels
 from ._base import shard_bounds
@@ -28,7 +28,7 @@ class PersistentRing:
         self._t = buffers.Transport(owner.buffer, stage=stage, cuda_aware=cuda_aware)
         self._backup = None
         self._tmp = None
-        self._rounds = None  # [(recv request, send request, block received, add it?)] per round
+        self._rounds = None  # [(receives, sends, block received, add it?)] per round (pieces under the eager limit)
 
     def _memory_like(self, size):
         """Scratch of the kind MPI reads (host numpy when staged or on the host)."""
@@ -49,13 +49,13 @@ class PersistentRing:
         for s in range(n - 1):  # reduce-scatter: block r - s goes right, block r - s - 1 comes in and is added
             lo, hi = bounds[(r - s) % n]
             rlo, rhi = bounds[(r - s - 1) % n]
-            rounds.append((comm.Recv_init([self._tmp[:rhi - rlo], dtype], source=left, tag=_TAG),
-                           comm.Send_init([memory[lo:hi], dtype], dest=right, tag=_TAG), (rlo, rhi), True))
+            rounds.append((failures.recv_init(comm, [self._tmp[:rhi - rlo], dtype], left, _TAG),
+                           failures.send_init(comm, [memory[lo:hi], dtype], right, _TAG), (rlo, rhi), True))
         for s in range(n - 1):  # allgather: the reduced block r + 1 - s goes right, block r - s comes in
             lo, hi = bounds[(r + 1 - s) % n]
             rlo, rhi = bounds[(r - s) % n]
-            rounds.append((comm.Recv_init([memory[rlo:rhi], dtype], source=left, tag=_TAG),
-                           comm.Send_init([memory[lo:hi], dtype], dest=right, tag=_TAG), (rlo, rhi), False))
+            rounds.append((failures.recv_init(comm, [memory[rlo:rhi], dtype], left, _TAG),
+                           failures.send_init(comm, [memory[lo:hi], dtype], right, _TAG), (rlo, rhi), False))
         self._rounds = rounds
 
     def run(self, k):
@@ -77,10 +77,10 @@ class PersistentRing:
         self._backup[...] = memory
         on_device = not (t.staged or not owner.buffer.on_device)
         try:
-            for recv, send, (lo, hi), add in self._rounds:
+            for recvs, sends, (lo, hi), add in self._rounds:
                 with failures.raised_as_failure(op):
-                    MPI.Prequest.Startall([recv, send])
-                failures.wait([recv, send], comm=owner.comm, timeout=owner.timeout, op=op,
+                    failures.start(recvs + sends)
+                failures.wait(recvs + sends, comm=owner.comm, timeout=owner.timeout, op=op,
                               peer=lambda pending: sorted({(owner.rank - 1) % n, (owner.rank + 1) % n}))
                 if add:
                     kernels.weighted_sum(memory[lo:hi], memory[lo:hi], 1.0, [self._tmp[:hi - lo]], [1.0])
@@ -96,12 +96,12 @@ class PersistentRing:
     def abandon(self):
         """The communicator failed: keep its requests alive (never freed); rebuild on the next."""
         if self._rounds is not None:
-            failures.keep(*[r for recv, send, _, _ in self._rounds for r in (recv, send)])
+            failures.keep(*[r for recvs, sends, _, _ in self._rounds for r in recvs + sends])
         self._rounds = None
 
     def free(self):
         """Free the requests (no failure was met on this communicator)."""
-        for recv, send, _, _ in self._rounds or ():
-            recv.Free()
-            send.Free()
+        for recvs, sends, _, _ in self._rounds or ():
+            for r in recvs + sends:
+                r.Free()
         self._rounds = None

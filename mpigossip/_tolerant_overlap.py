@@ -35,7 +35,7 @@ class PersistentOverlap:
         self.owner = owner
         self._recv_slots, self._recv_free = [], []   # receive Transports and their weight buffers
         self._send_slots, self._send_free = [], []
-        self._recv_reqs, self._send_reqs = {}, {}    # (peer, slot) -> [x request, w request]
+        self._recv_reqs, self._send_reqs = {}, {}    # (peer, slot) -> [x's pieces..., w request]
         self.pending = []   # [step, src, slot, factor, failures.Message, ordinal], oldest first
         self.sends = []     # [slot, failures.Message, dsts], oldest first
         self.first_step = first_step
@@ -60,7 +60,7 @@ class PersistentOverlap:
         if key not in self._recv_reqs:
             x, w = self._recv_slots[slot]
             comm = self.owner.comm
-            self._recv_reqs[key] = [comm.Recv_init(x.spec, source=src, tag=_X_TAG),
+            self._recv_reqs[key] = [*failures.recv_init(comm, x.spec, src, _X_TAG),
                                     comm.Recv_init(w, source=src, tag=_W_TAG)]
         return self._recv_reqs[key]
 
@@ -69,7 +69,7 @@ class PersistentOverlap:
         if key not in self._send_reqs:
             x, w = self._send_slots[slot]
             comm = self.owner.comm
-            self._send_reqs[key] = [comm.Send_init(x.spec, dest=dst, tag=_X_TAG),
+            self._send_reqs[key] = [*failures.send_init(comm, x.spec, dst, _X_TAG),
                                     comm.Send_init(w, dest=dst, tag=_W_TAG)]
         return self._send_reqs[key]
 
@@ -214,8 +214,10 @@ class PersistentOverlap:
                     count += 1
                 step += 1
         sends = []
-        for _, message, dsts in self.sends:   # the requests to survivors (two per out-peer: x, w)
-            sends += [r for i, dst in enumerate(dsts) if dst not in gone for r in message.requests[2 * i:2 * i + 2]]
+        for _, message, dsts in self.sends:   # the requests to survivors (per out-peer: x's pieces, w)
+            each = len(message.requests) // len(dsts)
+            sends += [r for i, dst in enumerate(dsts) if dst not in gone
+                      for r in message.requests[each * i:each * (i + 1)]]
         sends = failures.Message(sends)
 
         def progress():

@@ -176,7 +176,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                 if self._exchange is None:
                     message = failures.Message([self.comm.Irecv(spec, source=src, tag=xtag)])
                 else:
-                    message = failures.Message([self._exchange.recv(index, slot, src, xtag)])
+                    message = failures.Message(self._exchange.recv(index, slot, src, xtag))
                     message.start()
                 slot.src, slot.w, slot.message = src, float(self._wrecv[0]), message
 

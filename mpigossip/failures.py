@@ -88,6 +88,59 @@ def _error_class(exc, statuses):
     return cls
 
 
+#: Open MPI's TCP eager limit when nothing sets it (``btl_tcp_eager_limit``).
+TCP_EAGER_DEFAULT = 64 << 10
+#: Sets the most bytes a fault-tolerant path sends in one message (see :func:`chunk_bytes`).
+CHUNK_ENV = "MPIGOSSIP_CHUNK_BYTES"
+_HEADERS = 4 << 10  # room left under the eager limit for the messages' headers
+
+
+def chunk_bytes(environ=None):
+    """The most bytes a fault-tolerant path sends in one message: ``$MPIGOSSIP_CHUNK_BYTES``,
+    else Open MPI's TCP eager limit (``OMPI_MCA_btl_tcp_eager_limit``; 64 KiB unless set; the
+    fault-tolerant launch sets 4 MiB) less 4 KiB of headers. Every piece then goes eagerly: a
+    message over the limit goes by rendezvous, and a rendezvous with a survivor that had revoked
+    the communicator and entered the shrink hung recoveries across nodes (docs/RESULTS.md)."""
+    env = os.environ if environ is None else environ
+    if env.get(CHUNK_ENV, "").strip():
+        value = int(env[CHUNK_ENV])
+        if value < 8:
+            raise ValueError(f"${CHUNK_ENV} must be at least 8 bytes, got {value}")
+        return value
+    limit = int(env.get("OMPI_MCA_btl_tcp_eager_limit", "").strip() or TCP_EAGER_DEFAULT)
+    return max(limit - _HEADERS, 4096)
+
+
+def pieces(spec, limit=None):
+    """An MPI spec ``[memory, datatype]`` (``memory`` a 1-D array) as consecutive specs of at
+    most ``limit`` bytes (default :func:`chunk_bytes`)."""
+    memory, datatype = spec
+    per = max(1, (limit or chunk_bytes()) // datatype.Get_size())
+    n = len(memory)
+    if n <= per:
+        return [spec]
+    return [[memory[lo:lo + per], datatype] for lo in range(0, n, per)]
+
+
+def send_init(comm, spec, dest, tag):
+    """Persistent sends of ``spec`` in :func:`pieces`, all with ``tag``: start them with
+    :func:`start` (in order), and the receiver's :func:`recv_init` in the same order."""
+    return [comm.Send_init(piece, dest=dest, tag=tag) for piece in pieces(spec)]
+
+
+def recv_init(comm, spec, source, tag):
+    """Persistent receives of ``spec`` in :func:`pieces` (see :func:`send_init`)."""
+    return [comm.Recv_init(piece, source=source, tag=tag) for piece in pieces(spec)]
+
+
+def start(requests):
+    """Start persistent requests one by one, in order. The pieces of a message share a tag, and
+    MPI matches the messages of one tag between two ranks in the order they are started
+    (``MPI_Startall`` starts them in an unspecified order)."""
+    for request in requests:
+        request.Start()
+
+
 class Message:
     """The requests of one message (its ``x`` and ``w``; or the sends of one share to several
     peers), each one's outcome recorded when it completes.
@@ -112,7 +165,7 @@ class Message:
         """Start the (persistent) requests and forget the outcomes of their last use."""
         self._done = [False] * len(self.requests)
         self.error_class = None
-        MPI.Prequest.Startall(self.requests)
+        start(self.requests)
 
     @property
     def failed(self):

@@ -7,9 +7,11 @@ already set, what Open MPI 5 needs there:
 * ``PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe`` (more ranks than cores);
 * ``OMPI_MCA_osc=^ucx`` (silences a harmless UCX window-creation error line);
 * with ``--with-ft``: ``OMPI_MCA_coll=^han`` (Open MPI's ``han`` collectives are not fault
-  tolerant: :mod:`mpigossip.failures`) and ``OMPI_MCA_btl_tcp_eager_limit=1073741824`` (every
-  message over TCP eager: a rendezvous between two survivors, one of which has revoked the
-  communicator, was seen hanging the other inside ``MPI_Testall`` across nodes);
+  tolerant: :mod:`mpigossip.failures`) and ``OMPI_MCA_btl_tcp_eager_limit=4194304`` (4 MiB:
+  the fault-tolerant paths send in pieces under it, all eager over TCP, as a rendezvous between
+  two survivors, one of which has revoked the communicator, was seen hanging the other inside
+  ``MPI_Testall`` across nodes; larger pieces are fewer messages, and the limit sizes the TCP
+  fragments Open MPI reserves: 1 GiB had reserved ~9 GB of address space per rank);
 
 puts this Python's ``bin`` first on ``PATH`` (so ``python`` in the command is this one)
 and ``exec``s ``mpiexec`` with the given arguments. On a cluster use the site's
@@ -26,7 +28,7 @@ LOCAL_DEFAULTS = {
 }
 ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 #: What a fault-tolerant launch (``--with-ft ulfm``) sets unless already set.
-FAULT_TOLERANT_DEFAULTS = {"OMPI_MCA_coll": "^han", "OMPI_MCA_btl_tcp_eager_limit": str(1 << 30)}
+FAULT_TOLERANT_DEFAULTS = {"OMPI_MCA_coll": "^han", "OMPI_MCA_btl_tcp_eager_limit": str(4 << 20)}
 
 
 def local_env(environ=None, argv=()):

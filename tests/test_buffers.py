@@ -83,7 +83,7 @@ def test_launcher_sets_local_defaults_without_overriding():
         assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
     assert "OMPI_MCA_coll" not in env
     ft = launcher.local_env({}, argv=["--with-ft", "ulfm", "-n", "4", "p"])
-    assert ft["OMPI_MCA_coll"] == "^han" and ft["OMPI_MCA_btl_tcp_eager_limit"] == str(1 << 30)  # no rendezvous
+    assert ft["OMPI_MCA_coll"] == "^han" and ft["OMPI_MCA_btl_tcp_eager_limit"] == str(4 << 20)  # pieces eager
     assert launcher.local_env({"OMPI_MCA_coll": "^hcoll"}, argv=["--with-ft=ulfm"])["OMPI_MCA_coll"] == "^hcoll"
 
 

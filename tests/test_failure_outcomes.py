@@ -87,3 +87,45 @@ def test_a_checkpoint_barrier_that_cannot_start_is_a_failure_not_an_error():
             raise MPI.Exception(MPI.ERR_PROC_FAILED)
 
     assert checkpoint._barrier(Comm(), 5.0, True) is False
+
+
+def test_pieces_under_the_eager_limit_cover_the_buffer_in_order():
+    """A fault-tolerant path sends a buffer in pieces under Open MPI's TCP eager limit (a
+    rendezvous with a survivor that had revoked hung recoveries across nodes): the pieces tile
+    the buffer, in order, each at most the limit; a buffer under it stays one piece."""
+    import numpy as np
+    memory = np.arange(1000, dtype=np.float64)
+    parts = failures.pieces([memory, MPI.DOUBLE], limit=808)   # 101 elements a piece
+    assert [len(p[0]) for p in parts] == [101] * 9 + [91]
+    assert all(p[1] is MPI.DOUBLE for p in parts)
+    assert np.array_equal(np.concatenate([p[0] for p in parts]), memory)
+    parts[3][0][0] = -1.0   # views, not copies: MPI writes the buffer itself
+    assert memory[303] == -1.0
+    assert failures.pieces([memory, MPI.DOUBLE], limit=8000) == [[memory, MPI.DOUBLE]]
+    assert len(failures.pieces([memory[:1], MPI.DOUBLE], limit=1)) == 1   # never empty, never zero-sized
+
+
+def test_the_piece_size_follows_the_eager_limit():
+    assert failures.chunk_bytes({}) == 64 * 1024 - 4096                     # Open MPI's default limit
+    assert failures.chunk_bytes({"OMPI_MCA_btl_tcp_eager_limit": str(4 << 20)}) == (4 << 20) - 4096
+    assert failures.chunk_bytes({"OMPI_MCA_btl_tcp_eager_limit": "1000"}) == 4096
+    assert failures.chunk_bytes({failures.CHUNK_ENV: "100000", "OMPI_MCA_btl_tcp_eager_limit": "8"}) == 100000
+    with pytest.raises(ValueError, match="MPIGOSSIP_CHUNK_BYTES"):
+        failures.chunk_bytes({failures.CHUNK_ENV: "4"})
+
+
+def test_pieces_start_in_order():
+    """The pieces of a message share a tag: MPI matches them in the order they start, which
+    MPI_Startall leaves unspecified, so they start one by one (Message.start too)."""
+    order = []
+
+    class Persistent:
+        def __init__(self, i):
+            self.i = i
+
+        def Start(self):
+            order.append(self.i)
+
+    failures.start([Persistent(i) for i in range(5)])
+    failures.Message([Persistent(i) for i in range(5, 8)]).start()
+    assert order == list(range(8))

@@ -193,6 +193,26 @@ def test_survivors_of_a_killed_rank_go_on(n, args, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("n, args", [
+    (4, ["--algo", "pushsum", "--mid"]),
+    (5, ["--algo", "agp", "--peers", "2", "--die", "12", "--mid", "--steps", "42", "--compute-ms", "2"]),
+    (5, ["--algo", "osgp", "--peers", "2", "--die", "9", "--steps", "39", "--compute-ms", "2"]),
+    (4, ["--algo", "allreduce", "--mid"]),
+])
+def test_survivors_of_a_killed_rank_go_on_with_messages_in_pieces(n, args, tmp_path):
+    """As above, with every fault-tolerant message sent in pieces of 40,000 bytes or less (27 for the 1 MiB buffer)
+    ($MPIGOSSIP_CHUNK_BYTES; the default is the TCP eager limit less 4 KiB): a share is
+    combined only once every piece has arrived, so a rank killed between pieces leaves no
+    survivor with part of a share."""
+    env = dict(os.environ, MPIGOSSIP_CHUNK_BYTES="40000")
+    record = ["--record", str(tmp_path / "victim")]
+    proc, _ = run(["--with-ft", "ulfm", "-n", str(n), sys.executable, SURVIVE, *args, *record], timeout=120, env=env)
+    found = survivors(proc.stdout)
+    assert len(found) == n - 1 and all(s["ok"] for s in found), proc.stdout + proc.stderr
+    assert all(s["chunk_bytes"] == 40000 for s in found), found
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 SURVIVE_GROUPS = os.path.join(HERE, "scripts", "survive_groups.py")
 
 

@@ -156,8 +156,20 @@ checks = {  # bool() each: numpy booleans do not serialise
     "no mass made": sum_w <= total - victim_weight + 1e-9,
 }
 checks = {k: bool(v) for k, v in checks.items()}
+
+
+def peaks():
+    """This process's peak resident and virtual memory (MB; Linux), as measured, not checked."""
+    try:
+        fields = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+        return {k: int(fields[key].split()[0]) // 1024 for k, key in (("rss_peak_mb", "VmHWM"), ("vsz_peak_mb", "VmPeak"))}
+    except (OSError, KeyError, ValueError):
+        return {}
+
+
 print("survive: " + json.dumps({"rank": rank, "ok": all(checks.values()), "checks": checks,
                                 "spread": float(np.max(zmax - zmin)), "z - base spread": spread_shift,
                                 "sum w": sum_w, "victim weight": victim_weight, "weight": ps.weight, "steps": ps.steps,
-                                "failure": f, "size": comm.Get_size()}), flush=True)
+                                "failure": f, "size": comm.Get_size(),
+                                "chunk_bytes": failures.chunk_bytes(), **peaks()}), flush=True)
 failures.exit(0 if all(checks.values()) else 1)
