@@ -5,9 +5,19 @@
 writes ``OUT_DIR/network.{md,json}`` (all) or ``OUT_DIR/p4-RATE.{md,json}`` (p4), with the commit
 and library versions. Rows of several launches (e.g. 4 ranks in one run, 8 in another) are merged.
 """
-import glob, json, os, platform, subprocess, sys
-import mpi4py, numpy
+import glob
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import mpi4py
+import numpy
 from mpi4py import MPI
+
+import mpigossip
+
 tmp, out, rate, mode, thread, p4 = sys.argv[1:]
 rows = [r for f in sorted(glob.glob(os.path.join(tmp, "*.json"))) for r in json.load(open(f))]
 try:
@@ -16,7 +26,8 @@ try:
 except ImportError:
     torch_version = None
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-meta = {"commit": commit, "command": f"bash benchmarks/network.sh {rate} OUT {mode}", "p4": " ".join(p4.split()),
+meta = {"commit": commit, "mpigossip": mpigossip.__version__, "command": f"bash benchmarks/network.sh {rate} OUT {mode}",
+        "p4": " ".join(p4.split()),
         "cluster": f"tests/cluster/start.sh 4 {rate} 2 (4 emulated nodes on one 2-core machine)",
         "tcp_progress_thread": thread == "1", "python": platform.python_version(), "mpi4py": mpi4py.__version__,
         "mpi": MPI.Get_library_version().split(",")[0], "numpy": numpy.__version__, "torch": torch_version}

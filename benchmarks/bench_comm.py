@@ -17,12 +17,11 @@ import argparse
 import json
 
 import numpy as np
+from _timing import side_by_side  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from mpi4py import MPI
 
 import mpigossip as mg
 from mpigossip import kernels
-
-from _timing import side_by_side  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def main():

@@ -19,13 +19,12 @@ with its quartiles.
 import argparse
 import json
 
+import _timing  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import numpy as np
 from mpi4py import MPI
 
 import mpigossip as mg
 from mpigossip import topology as T
-
-import _timing  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def side_by_side(comm, what, mb, ours, other, repeats, **extra):

@@ -76,7 +76,9 @@ def main():
             import mpi4py
             commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-            meta = {"commit": commit, "command": " ".join(sys.argv), "mpi4py": mpi4py.__version__,
+            import mpigossip
+            meta = {"commit": commit, "mpigossip": mpigossip.__version__, "command": " ".join(sys.argv),
+                    "mpi4py": mpi4py.__version__,
                     "mpi": MPI.Get_library_version().split(",")[0], "numpy": np.__version__, "hosts": hosts}
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "rows": rows, "fits": fits}, f, indent=2)

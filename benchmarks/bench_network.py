@@ -162,6 +162,7 @@ def _trainer(name, mb, comm, seed=0, **options):
     """(step function, algorithm, list of seconds spent in ``algo.step()``) of one torch
     wrapper over a fresh model."""
     import torch
+
     import mpigossip.torch as mgt
     model, k = _model(mb, seed)
     algo = mgt.make(name, model, comm=comm, **options)

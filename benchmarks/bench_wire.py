@@ -105,7 +105,7 @@ def main():
         import mpi4py
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-        meta = {"commit": commit, "command": " ".join(sys.argv), "ranks": comm.size, "nodes": nodes,
+        meta = {"commit": commit, "mpigossip": mg.__version__, "command": " ".join(sys.argv), "ranks": comm.size, "nodes": nodes,
                 "python": platform.python_version(), "mpi4py": mpi4py.__version__,
                 "mpi": MPI.Get_library_version().split(",")[0], "numpy": np.__version__}
         with open(args.out, "w") as f:

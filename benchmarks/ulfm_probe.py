@@ -25,8 +25,8 @@ import signal
 import sys
 import time
 
-import numpy as np
 import mpi4py
+import numpy as np
 
 if "--no-finalize" in sys.argv:  # survivors end without MPI_Finalize (it hangs after a failure, over TCP)
     mpi4py.rc.finalize = False

@@ -1,10 +1,10 @@
 """AllReduce SGD: average the updates exactly every step.   mpigossip-mpiexec -n 4 python examples/allreduce_sgd.py"""
 
 import numpy as np
+from _problem import LeastSquares
 from mpi4py import MPI
 
 import mpigossip as mg
-from _problem import LeastSquares
 
 comm = MPI.COMM_WORLD
 problem = LeastSquares(comm)

@@ -4,10 +4,10 @@
 import sys
 
 import numpy as np
+from _problem import LeastSquares
 from mpi4py import MPI
 
 import mpigossip as mg
-from _problem import LeastSquares
 
 comm = MPI.COMM_WORLD
 problem = LeastSquares(comm)

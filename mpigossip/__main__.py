@@ -45,6 +45,8 @@ def build_parser():
     """The parser, and its subcommand parsers by name."""
     parser = _Parser(prog="python -m mpigossip",
                      description="mpigossip: decentralized and asynchronous SGD on MPI")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"mpigossip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands = {}
     commands["info"] = info = sub.add_parser("info", help="versions, MPI, CUDA-awareness and per-rank GPU binding")

@@ -16,9 +16,9 @@ decodes what arrived in the same pass: ``x += sum_j b_j * decoded_j``.
 """
 
 from . import buffers, kernels
+from . import topology as topo_mod
 from . import wire as wire_mod
 from ._checks import check_integer
-from . import topology as topo_mod
 
 
 def bind_mixing(topology, default, size, *, slots, what):

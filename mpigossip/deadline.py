@@ -69,7 +69,7 @@ def abort_job(comm, errorcode=1):
     one of Open MPI's daemons, as under ``srun``) this is ``comm.Abort`` alone."""
     sys.stdout.flush()
     sys.stderr.flush()
-    from . import failures   # (failures uses this module)
+    from . import failures  # (failures uses this module)
     if failures.enabled():
         parent = os.getppid()
         try:

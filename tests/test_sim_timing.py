@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from mpigossip.sim import scaling, validation
 from mpigossip.sim.cluster import Cluster
 from mpigossip.sim.events import Engine, Fabric
 from mpigossip.sim.timing import Costs, Workload, simulate
-from mpigossip.sim import scaling, validation
 
 MB = 2 ** 20
 

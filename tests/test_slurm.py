@@ -11,10 +11,27 @@ import time
 
 import pytest
 
-from tests.slurm.jobs import (PYTHON, ROOT, check_binding, finish, job_fields, job_id, ranks, same_result, sbatch,
-                              start, stop, submit, summary)
+from tests.slurm.jobs import (
+    PYTHON,
+    ROOT,
+    check_binding,
+    finish,
+    job_fields,
+    job_id,
+    ranks,
+    same_result,
+    sbatch,
+    start,
+    stop,
+    submit,
+    summary,
+)
 
 pytestmark = pytest.mark.slurm
+#: tests/run.sh sets it where its cluster step will submit the same job to 4 Slurm nodes
+#: (tests/cluster/slurm_jobs.py): the one-node run would repeat it
+on_four_nodes = pytest.mark.skipif(os.environ.get("MPIGOSSIP_SLURM_ON_FOUR_NODES") == "1",
+                                   reason="the cluster step runs this job on 4 Slurm nodes")
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +89,7 @@ def test_failing_run_fails_the_job(slurm):
     assert "/nonexistent/data.npz: no such file" in log.read_text()
 
 
+@on_four_nodes
 def test_preempted_job_requeues_and_resumes_to_the_same_result(slurm):
     env, tmp = slurm
     settings = {"STEPS": "800", "CKPT_EVERY": "0", "EXTRA": "--eval-every 400"}
@@ -119,6 +137,7 @@ def test_compare_job_and_array_with_collect(slurm):
     assert "| allreduce | 0.1 |" in (tmp / "collect.log").read_text()
 
 
+@on_four_nodes
 def test_bench_job(slurm):
     env, tmp = slurm
     out, log = tmp / "bench", tmp / "bench.log"

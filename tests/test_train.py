@@ -78,25 +78,34 @@ def test_plot_renders_figures(all_runs, tmp_path):
 @pytest.mark.resume
 @pytest.mark.parametrize("algo", ["allreduce", "sgp", "gossip-push", "dpsgd", "diloco --base sgp --inner-steps 6"])
 def test_resume_continues_exactly(tmp_path, algo):
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    common = ["train", "--algorithm", *algo.split(), "--steps", "40", "--quiet", "--eval-every", "20"]
-    assert mg(2, *common, "--out", str(full), "--checkpoint-every", "20").returncode == 0
-    proc = mg(2, *common, "--out", str(resumed), "--resume", str(full))
+    """A run stopped at step 20 (its last step checkpointed) and resumed to 40 takes the steps an
+    uninterrupted 40-step run (checkpointing at 20) takes."""
+    full, part, resumed = tmp_path / "full", tmp_path / "part", tmp_path / "resumed"
+    common = ["train", "--algorithm", *algo.split(), "--quiet", "--eval-every", "20"]
+    assert mg(2, *common, "--steps", "40", "--out", str(full), "--checkpoint-every", "20").returncode == 0
+    assert mg(2, *common, "--steps", "20", "--out", str(part), "--checkpoint-every", "20").returncode == 0
+    proc = mg(2, *common, "--steps", "40", "--out", str(resumed), "--resume", str(part))
     assert proc.returncode == 0, proc.stderr
     a = {r["step"]: r["loss"] for r in metrics(full, 1)}
     b = {r["step"]: r["loss"] for r in metrics(resumed, 1)}
     assert sorted(b) == list(range(20, 40))
     assert all(a[k] == b[k] for k in b), "resumed run diverged from the uninterrupted one"
     assert summary(full)["final_accuracy"] == summary(resumed)["final_accuracy"]
+    # every time counts from step 0 across the resume (the wall clock once restarted at it)
+    times = {r["step"]: r["time_s"] for r in metrics(part, 1)}
+    again = {r["step"]: r["time_s"] for r in metrics(resumed, 1)}
+    assert again[20] > times[19], (times[19], again[20])
+    s = summary(resumed)
+    assert s["compute_time_s"] + s["comm_time_s"] <= s["train_time_s"] <= s["wall_time_s"], s
 
 
 @pytest.mark.resume
 def test_resume_at_another_world_size_starts_from_consensus(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     assert mg(4, "train", "--steps", "40", "--checkpoint-every", "20", "--quiet", "--out", str(first)).returncode == 0
-    proc = mg(2, "train", "--steps", "60", "--out", str(second), "--resume", str(first))
+    proc = mg(2, "train", "--steps", "80", "--out", str(second), "--resume", str(first))
     assert proc.returncode == 0, proc.stderr
-    assert "(step 40, 4 ranks)" in proc.stdout or "(step 20, 4 ranks)" in proc.stdout
+    assert "(step 40, 4 ranks)" in proc.stdout   # the last step is checkpointed
     assert summary(second)["world_size"] == 2 and summary(second)["final_accuracy"] > 0.9
 
 
@@ -127,11 +136,12 @@ def test_hierarchical_runs_reach_the_bar_and_resume_exactly(tmp_path):
         assert row["final_accuracy"] >= 0.90, (algo, row)
     for algo in ("sgp", "dpsgd"):
         assert rows[algo]["consensus_distance"] < 1e-9
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    full, part, resumed = tmp_path / "full", tmp_path / "part", tmp_path / "resumed"
     common = ["train", "--algorithm", "sgp", "--hierarchical", "--node-size", "2", "--topology", "ring",
-              "--steps", "40", "--quiet", "--eval-every", "20"]
-    assert mg(4, *common, "--out", str(full), "--checkpoint-every", "20").returncode == 0
-    proc = mg(4, *common, "--out", str(resumed), "--resume", str(full))
+              "--quiet", "--eval-every", "20"]
+    assert mg(4, *common, "--steps", "40", "--out", str(full), "--checkpoint-every", "20").returncode == 0
+    assert mg(4, *common, "--steps", "20", "--out", str(part), "--checkpoint-every", "20").returncode == 0
+    proc = mg(4, *common, "--steps", "40", "--out", str(resumed), "--resume", str(part))
     assert proc.returncode == 0, proc.stderr
     a = {r["step"]: r["loss"] for r in metrics(full, 3)}
     b = {r["step"]: r["loss"] for r in metrics(resumed, 3)}
@@ -203,12 +213,41 @@ def test_epochs_give_every_rank_the_same_steps_on_uneven_shards(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpointed(tmp_path_factory):
-    """One 20-step run of 2 ranks with checkpoints at steps 10 and 20, shared by the tests that
-    tamper with a copy of it."""
+    """One 25-step run of 2 ranks with checkpoints at steps 10, 20 and the last, 25, shared by the
+    tests that tamper with a copy of it."""
     run = tmp_path_factory.mktemp("checkpointed") / "run"
-    proc = mg(2, "train", "--steps", "20", "--checkpoint-every", "10", "--quiet", "--out", str(run))
+    proc = mg(2, "train", "--steps", "25", "--checkpoint-every", "10", "--quiet", "--out", str(run))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run
+
+
+@pytest.mark.resume
+def test_the_last_step_is_checkpointed(checkpointed):
+    with open(checkpointed / "checkpoints" / "latest.json") as f:
+        assert json.load(f)["step"] == 25
+    assert sorted(os.listdir(checkpointed / "checkpoints")) == ["latest.json", "step-00000025"]
+
+
+@pytest.mark.resume
+def test_resume_refuses_a_run_with_nothing_left_to_train(tmp_path, checkpointed):
+    """--steps counts from the run's start: 25 steps resumed at step 25 would train nothing."""
+    proc = mg(2, "train", "--steps", "25", "--quiet", "--out", str(tmp_path / "again"), "--resume", str(checkpointed))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "latest checkpoint is at step 25" in out and "nothing left to train" in out, out
+    assert out.count("nothing left to train") == 1   # rank 0 alone prints
+
+
+@pytest.mark.resume
+def test_an_out_folder_with_another_runs_checkpoints_is_refused_unless_overwritten(tmp_path, checkpointed):
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed, run)
+    proc = mg(2, "train", "--steps", "5", "--quiet", "--out", str(run))
+    assert proc.returncode == 2 and f"--out {run} holds another run's checkpoints" in proc.stderr, proc.stderr
+    proc = mg(2, "train", "--steps", "5", "--quiet", "--out", str(run), "--resume", str(run), "--overwrite")
+    assert proc.returncode == 2 and "--overwrite and --resume" in proc.stderr, proc.stderr
+    proc = mg(2, "train", "--steps", "5", "--quiet", "--out", str(run), "--overwrite")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (run / "checkpoints").exists() and summary(run)["steps"] == 5
 
 
 def latest_step_dir(run):
@@ -275,7 +314,7 @@ def test_resnet18_batchnorm_statistics_are_synchronised(tmp_path):
     proc = mg(2, "train", "--algorithm", "allreduce", "--model", "resnet18", "--steps", "6", "--batch-size", "8",
               "--checkpoint-every", "3", "--eval-every", "3", "--quiet", "--out", str(out), timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    step_dir = out / "checkpoints" / "step-00000003"
+    step_dir = latest_step_dir(out)
     models = [torch.load(step_dir / f"rank-{r}.pt", weights_only=True)["model"] for r in range(2)]
     stats = [k for k in models[0] if k.endswith("running_mean") or k.endswith("running_var")]
     assert len(stats) >= 40

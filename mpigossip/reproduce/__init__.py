@@ -44,7 +44,7 @@ def main(args):
             else:
                 records = experiments.accuracy_runs(
                     experiments.Launcher(mpiexec, log, timeout=args.timeout, resume=args.resume),
-                    args.out, setting, args.quick, progress, flags)
+                    args.out, setting, progress, flags)
         except (RuntimeError, ValueError) as exc:
             print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
             return 1
@@ -107,6 +107,11 @@ def main(args):
               f"- simulator: softmax regression on the synthetic data, plain SGD, batch 16, {setting['sim_steps']} steps, "
               f"lr {', '.join(map(str, simulate.SIM_LRS))}",
               "- verdicts: computed by the rule stated under each finding (mpigossip/reproduce/findings.py)"]
+    if args.quick:
+        header[1:1] = ["", "**Quick mode is a smoke test of the pipeline, not a reproduction**: one seed decides no "
+                       "paired comparison (every verdict that needs one reads \"not decided\"), and (d) compares "
+                       "p = 4 with 8, not 8 with 16. The verdicts come from the full run: `python -m mpigossip "
+                       "reproduce` (README, \"Reproducing the papers\")."]
     if args.accuracy_from:
         header.append(f"- **the accuracy runs are reused** from `{os.path.basename(args.accuracy_from)}` of an earlier "
                       "run (`--accuracy-from`): the commit above made the timed runs and the simulator only")

@@ -2,7 +2,8 @@
 
 import os
 
-from .findings import Stat, auc, md_table as _table, select, sim_final, target_accuracy, throughput, time_to_accuracy
+from .findings import Stat, auc, select, sim_final, target_accuracy, throughput, time_to_accuracy
+from .findings import md_table as _table
 
 
 def _plt():

@@ -21,8 +21,8 @@ parameters, or the center for ``easgd``.
 
 import numpy as np
 
-from .._checks import check_integer
 from .. import topology as topo_mod
+from .._checks import check_integer
 from .mixing import GossipPushSim, PushSumSim, consensus_error
 
 #: The ranks' own models evaluated for ``rank_accuracy`` (evenly spaced, the first and last

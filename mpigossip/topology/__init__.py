@@ -12,10 +12,24 @@ it to their communicator's size. Nothing here knows about MPI or arrays.
 """
 
 from .base import TOLERANCE, Topology
-from .directed import (AlternatingExponentialGraph, BipartiteExponentialGraph, CompleteGraph, ExponentialGraph,
-                       NPeerExponentialGraph, OffsetGraph, RandomPeers, RingGraph)
-from .undirected import (WEIGHTS, PairedExponentialGraph, TorusGraph, UndirectedExponentialGraph, UndirectedGraph,
-                         UndirectedRing)
+from .directed import (
+    AlternatingExponentialGraph,
+    BipartiteExponentialGraph,
+    CompleteGraph,
+    ExponentialGraph,
+    NPeerExponentialGraph,
+    OffsetGraph,
+    RandomPeers,
+    RingGraph,
+)
+from .undirected import (
+    WEIGHTS,
+    PairedExponentialGraph,
+    TorusGraph,
+    UndirectedExponentialGraph,
+    UndirectedGraph,
+    UndirectedRing,
+)
 from .weighted import CallableGraph, MatrixGraph
 
 __all__ = ["TOLERANCE", "Topology", "AlternatingExponentialGraph", "BipartiteExponentialGraph", "CompleteGraph",

@@ -5,8 +5,8 @@ import torch
 
 from .. import kernels
 from .. import outer as outer_mod
-from ..allreduce import AllreduceAverager
 from .._registry import INNER_MIXING_FAILURE, OPTION_DEFAULTS, OUTER_BASES
+from ..allreduce import AllreduceAverager
 from .base import _tensors
 
 

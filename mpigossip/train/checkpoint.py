@@ -128,7 +128,8 @@ def state_of(run, step):
              "initial_world_size": run.initial_size, "failures": run.failures,
              "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
              "algo": algo, "rng": run.rng.bit_generator.state,
-             "slow_rng": run.slow_rng.getstate(), "torch_rng": torch.get_rng_state(), "times": run.times}
+             "slow_rng": run.slow_rng.getstate(), "torch_rng": torch.get_rng_state(), "times": run.times,
+             "clock": run.clock()}
     return state
 
 
@@ -142,6 +143,10 @@ def resume(run, folder):
     step_dir, meta = found
     if meta["algorithm"] != run.algorithm:
         raise DataError(f"--resume {folder}: checkpoint is for {meta['algorithm']}, not {run.algorithm}")
+    if int(meta["step"]) >= run.steps:
+        raise DataError(f"--resume {folder}: its latest checkpoint is at step {meta['step']}, and the run is "
+                        f"{run.steps} steps long: nothing left to train (--steps and --epochs count from the "
+                        f"run's start, not from the checkpoint: ask for more than {meta['step']})")
     if meta["world_size"] == run.size:
         state = load_checkpoint(run.comm, [os.path.join(step_dir, f"rank-{run.rank}.pt")], run.timeout)[0]
         run.model.load_state_dict(state["model"])
@@ -151,6 +156,7 @@ def resume(run, folder):
         run.slow_rng.setstate(state["slow_rng"])
         torch.set_rng_state(state["torch_rng"])
         run.times = dict(state["times"])
+        run.before = dict(state.get("clock", run.before))
         _restore_failures(run, state)
     else:
         states = load_checkpoint(run.comm, [os.path.join(step_dir, f"rank-{r}.pt")
@@ -160,6 +166,9 @@ def resume(run, folder):
         run.algo.free()
         run.algo = run.make_algorithm()
         _restore_failures(run, states[0])
+        mine = states[min(run.rank, len(states) - 1)]   # the times go on from a rank of the old world
+        run.times = dict(mine["times"])
+        run.before = dict(mine.get("clock", run.before))
     if run.rank == 0 and not run.args.quiet:
         print(f"resumed {run.algorithm} from {step_dir} (step {meta['step']}, {meta['world_size']} ranks)",
               flush=True)

@@ -9,9 +9,22 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import (ALGORITHMS, DEFAULT_TOPOLOGY, FAULT_TOLERANT, HIERARCHICAL, INNER_MIXING_FAILURE,
-                         NOT_YET_FAILURE, ONE_SIDED, ONE_SIDED_FAILURE, OPTION_DEFAULTS, OUTER, OUTER_BASES,
-                         PARAMS_WIRE_REFUSED, WIRE, WIRE_FORMATS)
+from .._registry import (
+    ALGORITHMS,
+    DEFAULT_TOPOLOGY,
+    FAULT_TOLERANT,
+    HIERARCHICAL,
+    INNER_MIXING_FAILURE,
+    NOT_YET_FAILURE,
+    ONE_SIDED,
+    ONE_SIDED_FAILURE,
+    OPTION_DEFAULTS,
+    OUTER,
+    OUTER_BASES,
+    PARAMS_WIRE_REFUSED,
+    WIRE,
+    WIRE_FORMATS,
+)
 
 DEFAULTS = {"algorithm": "sgp", "model": "mlp", "dataset": "digits", "lr": 0.1, "momentum": 0.9,
             "batch_size": 32, "steps": 300}
@@ -114,6 +127,9 @@ def add_arguments(parser, *, sweep=False):
     parser.add_argument("--out", help="output folder (config, metrics, summary, checkpoints)")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps into --out")
     parser.add_argument("--resume", metavar="DIR", help="resume from the latest checkpoint in DIR")
+    if not sweep:
+        parser.add_argument("--overwrite", action="store_true",
+                            help="start over in an --out folder that holds another run's checkpoints (deletes them)")
     parser.add_argument("--on-failure", default=OPTION_DEFAULTS["on_failure"], choices=("abort", "continue"),
                         help="a rank that dies: abort ends the job (then Slurm's requeue resumes it from the last "
                         "checkpoint); continue: the survivors train on (sgp, osgp, agp, dpsgd, gossip-push, allreduce, "
@@ -318,6 +334,22 @@ def launcher_rank():
         if value and value.isdigit():
             return int(value)
     return None
+
+
+def check_out_folders(args, folders):
+    """Raise :class:`UsageError` where an output folder holds another run's checkpoints that
+    this run would neither resume nor delete (a later ``--resume`` would pick up a mix)."""
+    overwrite = getattr(args, "overwrite", False)
+    if overwrite and args.resume:
+        raise UsageError("--overwrite and --resume: choose one (--overwrite deletes the checkpoints --resume reads)")
+    for folder in folders:
+        pointer = os.path.join(folder, "checkpoints", "latest.json") if folder else None
+        if overwrite or not pointer or not os.path.isfile(pointer):
+            continue
+        if args.resume and os.path.realpath(args.resume) == os.path.realpath(folder):
+            continue
+        raise UsageError(f"--out {folder} holds another run's checkpoints: continue that run with --resume "
+                         f"{folder}, start over there with --overwrite (deletes them), or choose another --out")
 
 
 def algorithms_of(args):

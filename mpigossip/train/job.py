@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -19,15 +20,24 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .. import deadline, failures, progress
+from .. import __version__, deadline, failures, progress, provenance
 from .. import topology as topo_mod
 from .. import torch as mgt
 from ..info import gpu_count, local_rank, placement
-from . import checkpoint
+from . import checkpoint, models
 from . import data as data_mod
-from . import models
-from .cli import (DEFAULTS, UsageError, algorithms_of, alone_in_allocation, check_arguments, check_launch,
-                  parse_kill, parse_straggler, topology_name)
+from .cli import (
+    DEFAULTS,
+    UsageError,
+    algorithms_of,
+    alone_in_allocation,
+    check_arguments,
+    check_launch,
+    check_out_folders,
+    parse_kill,
+    parse_straggler,
+    topology_name,
+)
 from .evaluate import Evaluator, reduce
 from .stop import StopAgreement
 
@@ -124,6 +134,9 @@ class Run:
                 self.straggle = factor
         self.start_step = 0
         self.times = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0}
+        # what the launches before a resume took (checkpoint.resume restores it): every time the
+        # run reports, in the metrics and in summary.json, counts from step 0 across launches
+        self.before = {"wall_s": 0.0, "aside_s": 0.0, "blocked_s": 0.0}
         self.weight_min = math.inf  # the PushSum family: the smallest weight this rank held after a step
         self.metrics_file = None
 
@@ -153,9 +166,17 @@ class Run:
         if self.rank == 0:
             with open(os.path.join(self.out, "config.json"), "w") as f:
                 json.dump(dict(vars(self.args), algorithm=self.algorithm, lr=self.lr, world_size=self.size,
-                               steps=self.steps, ranks=ranks), f, indent=2)
+                               steps=self.steps, ranks=ranks, commit=provenance.commit(),
+                               versions=provenance.versions()), f, indent=2)
         self.metrics_file = open(os.path.join(self.out, f"metrics-rank{self.rank}.jsonl"),
                                  "a" if self.args.resume else "w")
+
+    def clock(self):
+        """This run's time so far, from step 0 (a checkpoint keeps it, so a resumed run goes on
+        counting): wall seconds, seconds set aside (evaluations, logs, checkpoints), seconds
+        blocked in MPI waits."""
+        return {"wall_s": time.perf_counter() - self.t_start, "aside_s": self.aside_s,
+                "blocked_s": deadline.waited_seconds() - self.waited0}
 
     def _preempt(self, step):
         """Checkpoint at ``step`` and raise :class:`Preempted` (exit status 75)."""
@@ -242,10 +263,10 @@ class Run:
         if self.start_step == 0:  # the starting point of the curves: the model before training
             self._log({"step": -1, "steps_done": 0, "time_s": 0.0, **self.evaluate(self.model, self.algo)})
         deadline.barrier(comm, timeout=self.timeout, op="train start")
-        self.t_start = time.perf_counter()
-        self.aside_s = 0.0  # evaluations, logging and checkpoints: not part of a step's time
+        self.t_start = time.perf_counter() - self.before["wall_s"]
+        self.aside_s = self.before["aside_s"]  # evaluations, logging and checkpoints: not part of a step's time
         self.train_s = 0.0
-        waited0 = deadline.waited_seconds()
+        self.waited0 = deadline.waited_seconds() - self.before["blocked_s"]
         last, last_print = {}, 0.0
         if self.on_failure == "continue":   # a failure met outside a step (a drain) is followed at once
             self.algo.after_failure = self._follow_algorithm
@@ -271,7 +292,7 @@ class Run:
                 last = self.evaluate(self.model, self.algo)
                 record.update(last, steps_done=step + 1)
             self._log(record)
-            if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < self.steps:
+            if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == self.steps):
                 # over the survivors after a failure (self.comm, read after the state: its drain may meet
                 # one); a rank that fails in it leaves it uncommitted
                 state = checkpoint.state_of(self, step + 1)
@@ -288,7 +309,7 @@ class Run:
         self.algo.drain()
         wall = time.perf_counter() - self.t_start
         final = last or self.evaluate(self.model, self.algo)
-        return self._summary(final, wall, deadline.waited_seconds() - waited0)
+        return self._summary(final, wall, deadline.waited_seconds() - self.waited0)
 
     def _summary(self, final, wall, blocked):
         """Reduce the run's figures over ranks, write ``summary.json`` (rank 0), free the algorithm."""
@@ -296,7 +317,7 @@ class Run:
         train_max = reduce(self.comm, wall - self.aside_s, self.timeout, op=MPI.MAX)
         # Throughput as the network benchmark's P4 measures it: the sum over ranks of each rank's own
         # steps per second (a rank that never waits for a slow one keeps its pace).
-        done = self.steps - self.start_step
+        done = self.steps   # every time counts from step 0, across a resume
         throughput = float(reduce(self.comm, done / self.train_s if self.train_s > 0 else 0.0, self.timeout))
         compute, comm_s, wait, blocked = reduce(self.comm, [self.times["compute_s"], self.times["comm_s"],
                                                             self.times["wait_s"], blocked], self.timeout)
@@ -311,7 +332,8 @@ class Run:
                    "compute_time_s": compute / self.size, "comm_time_s": comm_s / self.size,
                    "wait_time_s": wait / self.size, "blocked_in_mpi_s": blocked / self.size,
                    "tcp_progress_thread": progress.is_on(), "on_failure": self.on_failure,
-                   "failures": self.failures, "initial_world_size": self.initial_size}
+                   "failures": self.failures, "initial_world_size": self.initial_size,
+                   "mpigossip_version": __version__}
         weights = getattr(self.algo, "weights", None)
         if weights:   # after the drain: Σw per parameter group, and the smallest weight any rank held
             summary["weight_sum"] = [float(v) for v in np.atleast_1d(reduce(self.comm, [float(w) for w in weights],
@@ -384,6 +406,16 @@ def main(args):
         if not args.out:
             return None
         return os.path.join(args.out, algorithm) if len(algorithms) > 1 else args.out
+    folders = [out_for(a, args.lr) for a in algorithms]
+    try:
+        check_out_folders(args, folders)
+    except UsageError as exc:
+        return fail(comm, str(exc), 2)
+    if args.overwrite and folders[0]:
+        if comm.Get_rank() == 0:
+            for folder in folders:
+                shutil.rmtree(os.path.join(folder, "checkpoints"), ignore_errors=True)
+        deadline.barrier(comm, timeout=deadline.check_timeout(args.timeout), op="--overwrite")   # gone before any rank writes there
     try:
         run_many(args, comm, algorithms, [args.lr], out_for)
     except Preempted as exc:

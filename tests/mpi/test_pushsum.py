@@ -290,6 +290,7 @@ def test_agp_reposts_a_receive_only_after_the_combine_reading_it(monkeypatch):
     receive buffers pose as device memory with a fake CUDA: every combine must record an
     event on the slot, and the next receive posted into the slot must first wait for it."""
     from types import SimpleNamespace
+
     from mpigossip import buffers
     c = comm()
     fake = _FakeCuda()

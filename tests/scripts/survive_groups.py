@@ -28,7 +28,6 @@ import signal
 import threading
 import time
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
