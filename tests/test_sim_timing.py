@@ -252,3 +252,88 @@ def test_timemodel_command(tmp_path):
     assert data["meta"]["calibration_meta"] == {"commit": "x"} and len(data["rows"]) == 4
     assert "| 8 | 1 |" in (tmp_path / "timemodel-predict.md").read_text()
     assert math.isfinite(data["rows"][0]["steps_per_s"])
+
+
+# --- the steady state (#43): bytes counted when delivered, rates once steady, AGP as the package runs it
+
+CALIBRATED = Costs.load("benchmarks/results/time-calibration-1gbit.json")
+
+
+def test_bytes_count_when_delivered_not_when_sent():
+    """A 1 GB model over 1 Gbit takes ~8 s; five AGP steps of 10 ms deliver none of it (a
+    model that counted bytes when a message started said 0.5 models a step)."""
+    costs = Costs(link_rate=125e6, cores=1)
+    r = simulate("agp", 2, 1, Workload(mb=1000, compute=0.01, steps=5, warmup=0), costs)
+    assert r["models_moved_per_step"] == 0.0 and r["internode_models_per_step"] == 0.0
+    sgp = simulate("sgp", 2, 1, Workload(mb=10, compute=0.01, steps=5, warmup=0), costs)
+    assert sgp["models_moved_per_step"] == pytest.approx(1.0, rel=0.01)   # it waits: every share arrived
+
+
+def test_agp_at_its_steady_state_not_its_start():
+    """AGP, 16 ranks on 2 nodes of 8, 100 MB over 1 Gbit: the first steps send into idle links
+    (0.45 models a step in 5 steps); at the steady state it delivers what the link carries,
+    the same again over twice the steps."""
+    c = scaling.cluster_costs(CALIBRATED, 1, per_node=8)
+    work = Workload(mb=100, compute=0.1, steps=10)
+    start = simulate("agp", 2, 8, Workload(mb=100, compute=0.1, steps=5), c)
+    steady = simulate("agp", 2, 8, work, c, until_steady=True)
+    assert steady["steady"] and steady["steps"] >= 100
+    assert start["models_moved_per_step"] > 1.5 * steady["models_moved_per_step"]
+    again = simulate("agp", 2, 8, Workload(mb=100, compute=0.1, steps=2 * steady["steps"]), c, until_steady=True)
+    assert again["models_moved_per_step"] == pytest.approx(steady["models_moved_per_step"], rel=0.1)
+    assert steady["held"] > 0   # the weight floor is met: ranks step faster than shares arrive
+
+
+@pytest.mark.parametrize("ranks, rate", [(16, 1), (16, 100), (64, 10), (256, 1), (1024, 1)])
+def test_no_method_moves_more_than_its_links_carry(ranks, rate):
+    """Each method's steady state: the bytes its ranks deliver between nodes per second, each
+    rank's over its own steps, stay within what the nodes' links carry (each such byte crosses
+    one uplink: nodes x the link's rate; 10% for messages straddling the windows' edges); and
+    where every rank steps alike, the models moved per step x the model x the steps per second
+    say the same. 256 and 1024 ranks: AllReduce by formula (AGP's steady state takes minutes
+    to simulate there)."""
+    c = scaling.cluster_costs(CALIBRATED, rate, per_node=8)
+    work = Workload(mb=4, compute=0.02, steps=4)
+    methods = ("allreduce", "sgp", "osgp:2", "agp", "gossip-pull", "adpsgd", "easgd") if ranks <= 64 else \
+        ("allreduce",)
+    nodes = ranks // 8
+    for m in methods:
+        r = simulate(m, nodes, 8, work, c, until_steady=True, max_steps=512)
+        assert r["internode_bytes_per_s"] <= 1.1 * nodes * c.link_rate, (m, r["internode_bytes_per_s"] / nodes /
+                                                                          c.link_rate, r["steps"])
+        if m in ("allreduce", "sgp", "osgp:2"):   # lockstep: the per-step figures multiply out
+            link = r["internode_models_per_step"] * work.nbytes * r["steps_per_s"]
+            assert link == pytest.approx(r["internode_bytes_per_s"], rel=0.05), m
+
+
+def test_agp_model_keeps_mass_one_message_per_out_peer_and_its_receive_slots():
+    """The time model's AGP as AsyncPushSum: at most one message in flight per out-peer (a rank
+    has several out-peers over the schedule, so several at once), at most ``receives`` receives
+    posted, the weights summing with what is in flight to the ranks' count, and none below
+    half the floor."""
+    from mpigossip.sim.methods import Steps
+    c = scaling.cluster_costs(CALIBRATED, 1, per_node=4)
+    cl = Cluster(2, 4, link_rate=c.link_rate, latency=c.latency, cores=c.cores, shm_rate=c.shm_rate,
+                 message_cpu=c.message_cpu)
+    work = Workload(mb=50, compute=0.05, steps=120)
+    run = Steps("agp", cl, c, work, 0)
+    seen = {"in flight": 0, "posted": 0, "min weight": 1.0}
+
+    def watch():
+        while any(len(t) < work.warmup + work.steps for t in run.times):
+            for r in range(cl.size):
+                flying = [d for d, (ev, _) in run.outs[r].items() if ev is not None and not ev.done]
+                seen["in flight"] = max(seen["in flight"], len(flying))
+                seen["posted"] = max(seen["posted"], len(run.posted[r]))
+                seen["min weight"] = min(seen["min weight"], run.weight[r])
+            total = sum(run.weight) + sum(w for outs in run.outs for _, w in outs.values())
+            total += sum(w for a in run.announced for _, w in a) + sum(w for p in run.posted for _, w in p)
+            # (a message's weight is in `announced`, then `posted`, until combined)
+            assert total == pytest.approx(cl.size, rel=1e-12)
+            yield cl.engine.timeout(0.01)
+    for r in range(cl.size):
+        cl.engine.process(run.rank(r))
+    cl.engine.process(watch())
+    cl.engine.run()
+    assert seen["in flight"] >= 2 and seen["posted"] <= run.receives
+    assert seen["min weight"] >= run.min_weight / 2 and sum(run.held) > 0

@@ -72,7 +72,9 @@ def _cluster_arguments(parser, methods):
     parser.add_argument("--mb", type=float, default=100, help="model size in MB (default: 100)")
     parser.add_argument("--compute-ms", type=float, default=100, help="compute per step, a GPU's (default: 100)")
     parser.add_argument("--methods", nargs="+", default=list(methods), help="default: " + " ".join(methods))
-    parser.add_argument("--steps", type=int, default=10, help="steps of the time model per rank (default: 10)")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="the least timed steps of the time model per rank: each method runs on until its pace "
+                        "and the models it moves per step are steady (default: 10)")
 
 
 def _meta(costs_path):

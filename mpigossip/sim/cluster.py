@@ -51,7 +51,9 @@ class Cluster:
         self.engine = Engine()
         self.fabric = Fabric(self.engine, capacity)
         self._mail = {}
-        self.moved = {}   # rank -> bytes its operations put on the wire or through shared memory
+        self.moved = {}   # rank -> bytes its operations delivered, over the wire or through shared memory
+        #: every delivery: (time it completed, rank whose operation it was, bytes, between nodes)
+        self.deliveries = []
 
     def node(self, rank):
         return rank // self.ranks_per_node
@@ -71,18 +73,26 @@ class Cluster:
         """The bytes of one message on the wire from ``src``'s node to ``dst``'s (shared
         memory inside a node); ``rate``: the fraction of a link this kind of message can use
         (one-sided gets, for instance, move at part of it); ``by``: the rank whose operation
-        it is (default ``src``), credited in :attr:`moved`."""
+        it is (default ``src``), credited in :attr:`moved` and :attr:`deliveries` once the
+        bytes have arrived (a message still on the wire has moved nothing yet)."""
         who = src if by is None else by
-        self.moved[who] = self.moved.get(who, 0.0) + nbytes
         a, b = self.node(src), self.node(dst)
         if a == b:
-            return self.fabric.transfer(nbytes, [f"shm{a}"])
-        cap = rate * self.fabric.capacity[f"up{a}"] if rate < 1 else math.inf
-        uses = {f"up{a}": 1.0, f"down{b}": 1.0}
-        if self.wire_cpu:   # the network stack's work on both sides, from the cores
-            for pool in (self._pool(src), self._pool(dst)):
-                uses[pool] = uses.get(pool, 0.0) + self.wire_cpu
-        return self.fabric.transfer(nbytes, uses, cap=cap, latency=self.latency)
+            done = self.fabric.transfer(nbytes, [f"shm{a}"])
+        else:
+            cap = rate * self.fabric.capacity[f"up{a}"] if rate < 1 else math.inf
+            uses = {f"up{a}": 1.0, f"down{b}": 1.0}
+            if self.wire_cpu:   # the network stack's work on both sides, from the cores
+                for pool in (self._pool(src), self._pool(dst)):
+                    uses[pool] = uses.get(pool, 0.0) + self.wire_cpu
+            done = self.fabric.transfer(nbytes, uses, cap=cap, latency=self.latency)
+        done.then(lambda _: self.credit(who, nbytes, a != b))
+        return done
+
+    def credit(self, rank, nbytes, between_nodes):
+        """Record ``nbytes`` delivered now by ``rank``'s operation."""
+        self.moved[rank] = self.moved.get(rank, 0.0) + nbytes
+        self.deliveries.append((self.engine.now, rank, nbytes, between_nodes))
 
     def mailbox(self, key):
         """The event of the message ``key`` arriving (made by whichever side asks first)."""

@@ -12,8 +12,14 @@ What a method sends, per rank and step (M = the model's bytes):
 * ``sgp``: x to its out-peer of :class:`~mpigossip.topology.ExponentialGraph`, x from its
   in-peer, both awaited, then the combine;
 * ``osgp:T``: as ``sgp``, a step's messages combined once arrived, awaited only ``T + 1`` steps later;
-* ``agp``: x's share to its out-peer if the previous message to it has left (else added to
-  what accumulates for it), and whatever has arrived combined; never waits;
+* ``agp``: as :class:`~mpigossip.AsyncPushSum` runs it: x's share added to what accumulates
+  for this step's out-peer (a kernel pass, and one to scale x), sent once the previous message
+  to that peer has left (per out-peer one message in flight and one accumulating; every
+  out-peer's accumulated shares leave as its link frees, also in ``finish()``); a receiver
+  takes a share into one of ``receives`` (2) slots once it has seen the share's weight (a
+  large share waits for its slot: MPI's rendezvous), combines what has arrived, and never
+  waits; weights are tracked, and a rank below ``min_weight`` (2**-10) of its first weight
+  keeps its shares (the package's floor);
 * ``gossip-pull``: a one-sided read of a random rank's x (itself included) under a shared lock,
   averaged in, then x published into the rank's own window under its exclusive lock;
 * ``adpsgd``: active ranks (even) read a passive rank's x under its exclusive lock and write
@@ -92,10 +98,15 @@ class Steps:
         self.locks = {}
         self._arrivals = {}                  # allreduce by formula: step -> [ranks arrived, done]
         self.message_level_up_to = 32        # ranks up to which collectives are simulated message by message
-        self.sending = [None] * self.n       # AGP: the event of each rank's message in flight
-        self.announced = [[] for _ in range(self.n)]  # AGP: messages sent to each rank, not yet posted
-        self.posted = [[] for _ in range(self.n)]     # AGP: receives posted, not yet combined
-        self.receives = 2                    # AGP's receive buffers per rank
+        # AGP (as AsyncPushSum): per rank and out-peer [message in flight or None, weight accumulating]
+        self.outs = [{} for _ in range(self.n)]
+        self.announced = [[] for _ in range(self.n)]  # AGP: (message, weight) sent to each rank, not yet posted
+        self.posted = [[] for _ in range(self.n)]     # AGP: (receive, weight) posted, not yet combined
+        self.receives = 2                    # AGP's receive slots per rank (AsyncPushSum(receives=2))
+        self.weight = [1.0] * self.n         # AGP's PushSum weights
+        self.min_weight = 2.0 ** -10         # AsyncPushSum(min_weight=...): below it a rank keeps its shares
+        self.held = [0] * self.n             # AGP: steps a rank kept its shares (its weight below the floor)
+        self.sent = [0] * self.n             # AGP: messages each rank sent
         self.pending = [{} for _ in range(self.n)]    # OSGP: step -> (sends, receives) not yet complete
 
     # --- building blocks ---
@@ -129,9 +140,6 @@ class Steps:
                 yield cl.cpu(r, self.costs.step_cpu0 + self.costs.step_cpu * w.mb)
             yield from step(r, k)
             self.times[r].append(cl.engine.now)
-        if self.name == "agp":   # what is still in flight lands (AGP's drain, not timed)
-            if self.sending[r] is not None:
-                yield self.sending[r]
 
     # --- the methods ---
     def _ring(self, r, ring, nbytes, key, reduce=True):
@@ -172,8 +180,12 @@ class Steps:
         (all of the node's rings together) plus a latency each, the node's reduce-scatter and
         gather in shared memory, and the reduction's passes."""
         cl, L, N, M = self.cl, self.cl.ranks_per_node, self.cl.nodes, self.M
-        cl.moved[r] = cl.moved.get(r, 0.0) + 2 * (self.n - 1) / self.n * M   # as a ring's rank sends
         arrived = self._arrivals.setdefault(k, [0, self.cl.engine.event()])
+        # delivered when the ring ends, as a ring's rank sends: 2 (n - 1) / n models, of which the
+        # inter-node ring's 2 (N - 1) / N of this rank's shard M / L cross its node's link
+        arrived[1].then(lambda _: (cl.credit(r, 2 * (N - 1) / N * M / L, True) if N > 1 else None,
+                                   cl.credit(r, 2 * (self.n - 1) / self.n * M - (2 * (N - 1) / N * M / L
+                                                                                  if N > 1 else 0.0), False)))
         arrived[0] += 1
         if arrived[0] == self.n:
             c = self.costs
@@ -246,24 +258,48 @@ class Steps:
     def _step_agp(self, r, k):
         if self.n == 1:
             return
-        cl = self.cl
-        yield self.passes(r, self.M)  # start(): the share split off
         [d] = self.topology.out_peers(r, k)
-        if self.sending[r] is None or self.sending[r].done:
-            key = ("agp", r, k)
-            self.sending[r] = cl.send(r, d, self.M + 8, key)
-            self.announced[d].append(key)   # its weight, probed by d in its next finish()
+        # start(): this step's share into d's accumulating buffer and x scaled (two passes), unless
+        # the weight is below the floor; then what may leave, and what has arrived
+        if self.weight[r] >= self.min_weight:
+            out = self.outs[r].setdefault(d, [None, 0.0])
+            share = self.weight[r] / 2   # ExponentialGraph(peers=1): half kept, half to the out-peer
+            out[1] += share
+            self.weight[r] -= share
+            yield self.passes(r, self.M, 2)
         else:
-            yield self.passes(r, self.M)  # added to what accumulates for d
-        # finish(): post receives for the shares announced (up to `receives` at once), take those arrived
+            self.held[r] += 1
+        if d in self.outs[r]:
+            self._agp_send(r, d)
+        yield from self._agp_poll(r)
+        # finish(): every out-peer whose link freed gets its accumulated shares; what has arrived
+        for dst in list(self.outs[r]):
+            self._agp_send(r, dst)
+        yield from self._agp_poll(r)
+
+    def _agp_send(self, r, d):
+        """Send what accumulates for ``d`` if there is some and the previous message to ``d`` left."""
+        out = self.outs[r][d]
+        if out[1] == 0.0 or (out[0] is not None and not out[0].done):
+            return
+        self.sent[r] += 1
+        key = ("agp", r, d, self.sent[r])
+        out[0] = self.cl.send(r, d, self.M + 8, key)
+        self.announced[d].append((key, out[1]))   # its weight, a small message probed by d
+        out[1] = 0.0
+
+    def _agp_poll(self, r):
+        """Combine the shares arrived in ``r``'s slots (a pass each), then post receives for
+        the shares announced, into the slots that are free."""
         posted = self.posted[r]
-        while self.announced[r] and len(posted) < self.receives:
-            key = self.announced[r].pop(0)
-            posted.append(cl.receive(r, key))
-        done = [e for e in posted if e.done]
-        self.posted[r] = [e for e in posted if not e.done]
+        done = [(e, w) for e, w in posted if e.done]
         if done:
+            self.posted[r] = [(e, w) for e, w in posted if not e.done]
+            self.weight[r] += sum(w for _, w in done)
             yield self.passes(r, self.M, len(done))
+        while self.announced[r] and len(self.posted[r]) < self.receives:
+            key, w = self.announced[r].pop(0)
+            self.posted[r].append((self.cl.receive(r, key), w))
 
     def _step_gossip_pull(self, r, k):
         t = self.rng.randrange(self.n)

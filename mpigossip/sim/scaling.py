@@ -28,7 +28,10 @@ def cluster_costs(costs, rate_gbit, *, per_node, wire_cpu=0.0, nominal_gbit=1.0)
 def predict(costs, *, ranks, rates_gbit, per_node, mb, compute, methods=DEFAULT_METHODS, steps=10,
             stragglers=(1.0, 2.0), nominal_gbit=1.0, progress=None):
     """One row per (ranks, rate, straggler factor, method): ``steps_per_s`` per rank (the mean
-    over ranks of each one's own rate) and ``vs_allreduce`` where AllReduce is among them."""
+    over ranks of each one's own rate) and ``vs_allreduce`` where AllReduce is among them, at
+    each method's steady state (:func:`~.timing.simulate` with ``until_steady``; ``steps`` is
+    the least number of timed steps). Each row also has ``models_moved_per_step`` (delivered),
+    ``internode_models_per_step``, ``steps`` (simulated), ``steady`` and AGP's ``held``."""
     rows = []
     for p in ranks:
         if p % per_node:
@@ -42,11 +45,14 @@ def predict(costs, *, ranks, rates_gbit, per_node, mb, compute, methods=DEFAULT_
                     if progress:
                         progress(f"p = {p}, {rate:g} Gbit, straggler x{factor:g}: {m}")
                     work = Workload(mb=mb, compute=compute, straggler=straggler, steps=steps)
-                    res = simulate(m, p // per_node, per_node, work, c)
-                    got[m] = (res["steps_per_s"] / p, res["models_moved_per_step"])
-                for m, (v, moved) in got.items():
+                    res = simulate(m, p // per_node, per_node, work, c, until_steady=True)
+                    got[m] = (res["steps_per_s"] / p, res)
+                for m, (v, res) in got.items():
                     row = {"ranks": p, "per_node": per_node, "rate_gbit": rate, "straggler": factor, "method": m,
-                           "mb": mb, "compute_s": compute, "steps_per_s": v, "models_moved_per_step": moved}
+                           "mb": mb, "compute_s": compute, "steps_per_s": v,
+                           "models_moved_per_step": res["models_moved_per_step"],
+                           "internode_models_per_step": res["internode_models_per_step"], "steps": res["steps"],
+                           "steady": res["steady"], "held": res["held"]}
                     if "allreduce" in got:
                         row["vs_allreduce"] = v / got["allreduce"][0]
                     rows.append(row)

@@ -86,15 +86,8 @@ class Workload:
         return self.mb * 2 ** 20
 
 
-def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0):
-    """Simulate ``method`` on ``nodes`` x ``ranks_per_node`` ranks.
-
-    Returns a dict: ``steps_per_s`` (the sum over ranks of each rank's own steps per second
-    over its timed steps, as the P4 benchmark counts), ``step_s`` (each rank's mean step),
-    ``seconds`` (when the last rank finished) and ``models_moved_per_step`` (the bytes each
-    rank's operations moved per step, in models: how often a gossip method really mixed; an
-    asynchronous one that cannot keep up with its link sends less often).
-    """
+def _run(method, nodes, ranks_per_node, work, costs, seed):
+    """One simulation: the cluster and the method's ranks, run to the end."""
     cl = Cluster(nodes, ranks_per_node, link_rate=costs.link_rate, latency=costs.latency, cores=costs.cores,
                  cores_shared=costs.cores_shared, shm_rate=costs.shm_rate, message_cpu=costs.message_cpu,
                  wire_cpu=costs.wire_cpu)
@@ -105,12 +98,84 @@ def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0):
     unfinished = [r for r, t in enumerate(run.times) if len(t) < work.warmup + work.steps]
     if unfinished:
         raise RuntimeError(f"{method}: ranks {unfinished} never finished (a deadlock in the model)")
-    end = max(t[-1] for t in run.times)
-    rates, steps = [], []
-    for t in run.times:
-        span = t[-1] - t[work.warmup - 1] if work.warmup else t[-1]
-        rates.append(work.steps / span if span > 0 else math.inf)
-        steps.append(span / work.steps)
-    total = work.warmup + work.steps
-    copies = sum(cl.moved.values()) / (run.M * total * cl.size) if run.M else 0.0
-    return {"steps_per_s": sum(rates), "step_s": steps, "seconds": end, "models_moved_per_step": copies}
+    return cl, run
+
+
+def _measure(cl, run, first, last):
+    """Each rank over its own steps ``first..last`` (indices, inclusive): the sum over ranks
+    of its steps per second, each rank's mean step, and the models each rank's operations
+    delivered per step in that window, in all and between nodes."""
+    per_rank = {}
+    for t, rank, nbytes, between in cl.deliveries:
+        per_rank.setdefault(rank, []).append((t, nbytes, between))
+    rates, steps, moved, between_nodes, between_rate = [], [], 0.0, 0.0, 0.0
+    count = last - first + 1
+    for r, t in enumerate(run.times):
+        start = t[first - 1] if first > 0 else 0.0
+        span = t[last] - start
+        rates.append(count / span if span > 0 else math.inf)
+        steps.append(span / count)
+        mine = 0.0
+        for when, nbytes, between in per_rank.get(r, ()):
+            if start < when <= t[last]:
+                moved += nbytes
+                mine += nbytes if between else 0.0
+        between_nodes += mine
+        between_rate += mine / span if span > 0 else 0.0
+    per_step = run.M * count * len(run.times) if run.M else math.inf
+    return {"steps_per_s": sum(rates), "step_s": steps, "models_moved_per_step": moved / per_step,
+            "internode_models_per_step": between_nodes / per_step, "internode_bytes_per_s": between_rate}
+
+
+def _close(a, b, tolerance, floor=0.0):
+    return abs(a - b) <= tolerance * max(abs(a), abs(b)) + floor
+
+
+def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0, until_steady=False, tolerance=0.05,
+             max_steps=4096):
+    """Simulate ``method`` on ``nodes`` x ``ranks_per_node`` ranks.
+
+    Returns a dict: ``steps_per_s`` (the sum over ranks of each rank's own steps per second,
+    as the P4 benchmark counts), ``step_s`` (each rank's mean step), ``seconds`` (when the
+    last rank finished), ``models_moved_per_step`` (the bytes each rank's operations delivered
+    per step, in models: how often a gossip method really mixed; an asynchronous one that
+    cannot keep up with its link sends less often) and ``internode_models_per_step`` (the part
+    that crossed a node's link; ``internode_bytes_per_s``: those bytes per second, each rank's
+    over its own steps, summed), ``steps`` (the timed steps simulated) and ``steady``.
+
+    With ``until_steady=False`` the figures are over the workload's timed steps, as a run of
+    that length measures them (the validation compares such runs). With ``until_steady`` the
+    ranks run until the method's pace is steady and the figures are the steady state's: the
+    timed steps double (from ``work.steps``, at least two periods of the peer schedule) until
+    the two halves of the timed steps agree within ``tolerance`` in steps per second and in
+    models moved per step, and the second half lasts at least three times a model's time on a
+    node's link with each of the node's ranks sending one; the figures are then the second
+    half's. ``steady`` is False where ``max_steps`` came
+    first.
+    """
+    if not until_steady:
+        cl, run = _run(method, nodes, ranks_per_node, work, costs, seed)
+        out = _measure(cl, run, work.warmup, work.warmup + work.steps - 1)
+        return dict(out, seconds=max(t[-1] for t in run.times), steps=work.steps, steady=None,
+                    held=sum(run.held))
+    n = nodes * ranks_per_node
+    period = max(1, math.ceil(math.log2(n))) if n > 1 else 1
+    # a model's time on a node's link when each of its ranks sends one (the link is theirs to share)
+    message_s = work.nbytes * ranks_per_node / (costs.link_rate if nodes > 1 else costs.shm_rate * costs.cores)
+    steps = max(work.steps, 2 * period, 4)
+    steps += steps % 2
+    while True:
+        w = dataclasses.replace(work, steps=steps)
+        cl, run = _run(method, nodes, ranks_per_node, w, costs, seed)
+        half = w.warmup + steps // 2
+        a = _measure(cl, run, w.warmup, half - 1)
+        b = _measure(cl, run, half, w.warmup + steps - 1)
+        span = sorted(s * (steps // 2) for s in b["step_s"])[len(b["step_s"]) // 2]
+        long_enough = span >= 3 * message_s
+        steady = (long_enough and _close(a["steps_per_s"], b["steps_per_s"], tolerance)
+                  and _close(a["models_moved_per_step"], b["models_moved_per_step"], tolerance, 0.005))
+        if steady or steps >= max_steps:
+            return dict(b, seconds=max(t[-1] for t in run.times), steps=steps, steady=steady, held=sum(run.held))
+        mean_step = span / (steps // 2)
+        needed = 2 * math.ceil(3 * message_s / mean_step) if mean_step > 0 else 2 * steps
+        steps = min(max_steps, max(2 * steps, needed + needed % 2))
