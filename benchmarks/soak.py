@@ -106,7 +106,7 @@ def table(rows, steps, ranks):
         lines.append(f"| {r['method']} | {'kill rank %d at %d' % (ranks - 1, steps // 2) if r['fail'] else 'no failure'} "
                      f"| {fmt(s.get('final_accuracy'), '.4f')} | {fmt(s.get('throughput_steps_s'), '.0f')} "
                      f"| {fmt(s.get('weight_min'), '.3g')} | {fmt(f.get('weight_lost'), '.3f')} "
-                     f"| {fmt(r['dead_weight'], '.3f')} | {fmt(f.get('seconds'), '.3f')} "
+                     f"| {fmt(r['dead_weight'], '.3f')} | {fmt(f.get('recovery_s', f.get('seconds')), '.3f')} "
                      f"| {'all pass' if all(r['checks'].values()) else 'FAILED: ' + ', '.join(k for k, v in r['checks'].items() if not v)} |")
     return "\n".join(lines) + "\n"
 

@@ -61,7 +61,8 @@ def build_parser():
     cli.add_arguments(compare, sweep=True)
     commands["table"] = table = sub.add_parser("table", help="one comparison table from finished runs (no MPI)")
     table.add_argument("dirs", nargs="+", metavar="DIR", help="folders searched for summary.json")
-    table.add_argument("--out", help="also write compare.json and compare.md there")
+    table.add_argument("--out", help="also write the table: a file X.md (its rows in X.json), or a folder that gets "
+                       "compare.md and compare.json")
     commands["plot"] = plot = sub.add_parser("plot", help="PNG figures of runs written by train/compare --out")
     plot.add_argument("dirs", nargs="+", metavar="DIR", help="run folders, or folders of runs")
     plot.add_argument("--out", help="where to write the PNGs (default: the first DIR)")

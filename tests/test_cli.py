@@ -3,6 +3,7 @@ the launcher, `table`, `plot` and flag errors leave /dev/shm as
 they found it; a bad flag is answered by rank 0 alone with the subcommand's usage."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,14 @@ def test_launcher_table_and_plot_leave_no_mpi_files(tmp_path):
     assert run(MPIEXEC, "-n", "2", "true").returncode == 0
     proc = run(sys.executable, "-m", "mpigossip", "table", str(tmp_path))
     assert proc.returncode == 1 and "no summary.json" in proc.stdout
+    run_dir = tmp_path / "runs" / "sgp"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({
+        "algorithm": "sgp", "lr": 0.1, "final_accuracy": 0.98, "final_loss": 0.1, "time_per_step_s": 0.01,
+        "comm_time_s": 0.5, "consensus_distance": 1e-3}))
+    proc = run(sys.executable, "-m", "mpigossip", "table", str(tmp_path / "runs"), "--out", str(tmp_path / "t.md"))
+    assert proc.returncode == 0 and (tmp_path / "t.md").is_file(), proc.stdout + proc.stderr   # a file, not a folder
+    assert "| sgp | 0.1 |" in (tmp_path / "t.md").read_text() and (tmp_path / "t.json").is_file()
     run(sys.executable, "-m", "mpigossip", "plot", str(tmp_path), "--out", str(tmp_path))
     assert not segments() - before, "something initialised MPI"
 

@@ -272,7 +272,8 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         s = json.load(open(tmp_path / "summary.json"))
         assert s["initial_world_size"] == 5 and s["world_size"] == 3 and s["final_accuracy"] >= 0.9, s
-        assert [(f["ranks"], f["size"], f["train_step"]) for f in s["failures"]] == [([4], 4, 100), ([1], 3, 200)], s
+        assert [(f["ranks"], f["size"], f["killed_at_step"], f["met_at_step"]["first"]) for f in s["failures"]] == \
+            [([4], 4, 100, 100), ([1], 3, 200, 200)], s
         return
     if algorithm == "sgp":
         launch += ["-x", "MPIGOSSIP_CRASH_IN_CHECKPOINT"]
@@ -280,19 +281,25 @@ def test_training_survives_a_killed_rank(tmp_path, algorithm):
         extra = ["--checkpoint-every", "50"]
     elif algorithm in ("osgp", "agp"):
         extra = ["--kill", "3:100", "--checkpoint-every", "50"]
-        met_at = (100, 102) if algorithm == "osgp" else (100, 250)
+        met_at = (100, 106) if algorithm == "osgp" else (100, 250)   # (measured: OSGP 102-104)
     elif algorithm == "slowmo":
         extra, met_at = ["--base", "sgp", "--kill", "3:100", "--checkpoint-every", "50"], (127, 127)
     else:
         extra = ["--kill", "3:100"]
     proc, _ = run([*launch, *train, *extra], timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"{algorithm}: rank 3 failed at step" in proc.stdout and "3 survivors go on" in proc.stdout, proc.stdout
+    assert f"{algorithm}: rank 3 failed" in proc.stdout and "3 survivors go on" in proc.stdout, proc.stdout
     s = json.load(open(tmp_path / "summary.json"))
     assert s["initial_world_size"] == 4 and s["world_size"] == 3 and s["steps"] == 300, s
     [f] = s["failures"]
-    assert f["ranks"] == [3] and f["size"] == 3 and met_at[0] <= f["train_step"] <= met_at[1], f
-    assert f["seconds"] < 15, f
+    # one failure, one record: killed at (the injection), met by the survivors between, recovered
+    met = f["met_at_step"]
+    killed = None if algorithm == "sgp" else 100   # sgp's case dies in a checkpoint (the crash hook), not --kill
+    assert f["ranks"] == [3] and f["size"] == 3 and f["killed_at_step"] == killed, f
+    assert met_at[0] <= met["first"] <= met["last"] <= met_at[1], f
+    assert f["recovery_s"] < 15 and f["recovered_at_s"] > 0 and "algorithm_step" in f, f
+    if killed is not None:
+        assert f"(killed at step 100); met at step {met['first']}" in proc.stdout, proc.stdout
     if algorithm in ("sgp", "slowmo"):
         assert 0 < f["weight_lost"] <= 2, f
     if algorithm in ("osgp", "agp"):   # its own weight and what was in flight to or from it

@@ -42,6 +42,7 @@ def all_runs(tmp_path_factory):
 
 def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
     out, proc = all_runs
+    assert "diloco over allreduce-params: 4 ranks" in proc.stdout, proc.stdout   # the outer method's base named
     for algo in ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp", "agp",
                  "dpsgd", "adpsgd", "localsgd", "slowmo", "diloco"):
         s = summary(out / algo)
@@ -58,12 +59,25 @@ def test_every_algorithm_reaches_90_percent_and_loss_falls(all_runs):
         first = metrics(out / algo, rank=0, initial=True)[0]
         assert first["steps_done"] == 0 and first["test_accuracy"] < 0.5  # the curves start before training
         assert m[-1]["steps_done"] == 300 and "test_accuracy" in m[-1]
-        assert f"{algo}: 4 ranks" in proc.stdout
+        outer = " over allreduce-params" if algo in ("localsgd", "slowmo", "diloco") else ""
+        assert f"{algo}{outer}: 4 ranks" in proc.stdout
     assert abs(summary(out / "sgp")["final_accuracy"] - summary(out / "allreduce")["final_accuracy"]) <= 0.01
     for algo in ("allreduce", "allreduce-params"):
         assert summary(out / algo)["consensus_distance"] < 1e-6
     with open(out / "sgp" / "config.json") as f:
         assert json.load(f)["algorithm"] == "sgp"
+
+
+def test_plot_styles_and_zoom():
+    """Every run its own colour up to 20 and its own colour and line style up to 80 (allreduce
+    and sgp shared a colour under --algorithm all); the zoom fits the last half's points."""
+    from mpigossip.train import plot
+    assert len(set(plot.styles(14))) == 14 and len({c for c, _ in plot.styles(20)}) == 20
+    assert len(set(plot.styles(80))) == 80
+    runs = [[(0, 0.1), (100, 0.95), (200, 0.97)], [(0, 0.1), (100, 0.96), (200, 0.99)]]
+    x0, x1, y0, y1 = plot.zoom(runs)
+    assert (x0, x1) == (100, 200) and y0 < 0.95 < 0.99 < y1 < 1.0   # not 0..1: the differences show
+    assert plot.zoom([[(0, 1.0), (10, 1.0)]]) is None
 
 
 def test_plot_renders_figures(all_runs, tmp_path):
@@ -132,8 +146,10 @@ def test_hierarchical_runs_reach_the_bar_and_resume_exactly(tmp_path):
               "--node-size", "2", "--lrs", "0.1", "--quiet", "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["algorithm"]: r for r in json.load(open(out / "compare.json"))}
+    assert "sgp (hierarchical: 2 nodes): 4 ranks" in proc.stdout, proc.stdout   # the summary line says so
     for algo, row in rows.items():
         assert row["final_accuracy"] >= 0.90, (algo, row)
+        assert row["hierarchical_nodes"] == 2, row
     for algo in ("sgp", "dpsgd"):
         assert rows[algo]["consensus_distance"] < 1e-9
     full, part, resumed = tmp_path / "full", tmp_path / "part", tmp_path / "resumed"

@@ -232,18 +232,37 @@ class Run:
         """The algorithm survived a failure in this step: the job's own communicator (evaluation,
         metrics) shrinks to the survivors too, and the failure is recorded."""
         t0 = time.perf_counter()
-        rec = failures.shrink(self.comm, step, timeout=self.timeout, op="train (the job's communicator)")
+        rec = failures.shrink(self.comm, step, timeout=self.timeout, op="train (the job's communicator)", share=step)
         self.comm, self.size = rec.comm, rec.comm.Get_size()
         self.evaluate = Evaluator(self.eval_model, self.x_test, self.y_test, comm=self.comm, timeout=self.timeout)
-        event = dict(self.algo.failures[self.failures_seen], train_step=step,  # ("step": the algorithm's)
-                     time_s=time.perf_counter() - self.t_start, job_shrink_s=time.perf_counter() - t0)
+        self.failures.append(self._failure_record(self.algo.failures[self.failures_seen], rec, t0))
         self.failures_seen += 1
-        self.failures.append(event)
+        event = self.failures[-1]
         if self.comm.Get_rank() == 0:
+            met = event["met_at_step"]
             print(f"\n{self.algorithm}: rank{'s' if len(event['ranks']) > 1 else ''} "
-                  f"{', '.join(map(str, event['ranks']))} failed at step {step}; {self.size} survivors go on "
-                  f"(recovered in {event['seconds']:.2f} s"
+                  f"{', '.join(map(str, event['ranks']))} failed"
+                  + (f" (killed at step {event['killed_at_step']})" if event["killed_at_step"] is not None else "")
+                  + f"; met at step {met['first']}" + (f"-{met['last']}" if met["last"] != met["first"] else "")
+                  + f"; {self.size} survivors go on (recovered in {event['recovery_s']:.2f} s"
                   + (f", weight lost {event['weight_lost']:.3g})" if "weight_lost" in event else ")"), flush=True)
+
+    def _failure_record(self, algo_record, rec, t0):
+        """One failure as ``summary.json`` keeps it: who died, the step it was killed at (a
+        ``--kill`` injection; None for a real failure: no survivor knows), the first and last
+        training step at which the survivors met it, the algorithm's step of its recovery,
+        when (seconds into the run) and how long the recoveries took, and the mass lost."""
+        killed = [s for r, s in (parse_kill(spec, MPI.COMM_WORLD.Get_size())
+                                 for spec in getattr(self.args, "kill", None) or []) if r in algo_record["ranks"]]
+        met = [int(s) for s in rec.shared]
+        record = {"ranks": algo_record["ranks"], "size": algo_record["size"],
+                  "killed_at_step": min(killed) if killed else None,
+                  "met_at_step": {"first": min(met), "last": max(met)},
+                  "algorithm_step": algo_record["step"],
+                  "recovered_at_s": time.perf_counter() - self.t_start,
+                  "recovery_s": algo_record["seconds"], "job_shrink_s": time.perf_counter() - t0}
+        record.update({k: v for k, v in algo_record.items() if k not in ("ranks", "size", "step", "seconds")})
+        return record
 
     def _progress(self, step, record, last):
         done = (step + 1) / self.steps
@@ -334,6 +353,11 @@ class Run:
                    "tcp_progress_thread": progress.is_on(), "on_failure": self.on_failure,
                    "failures": self.failures, "initial_world_size": self.initial_size,
                    "mpigossip_version": __version__}
+        if self.algorithm in mgt.OUTER:
+            summary["base"] = self.args.base
+        if self.args.hierarchical:   # (collective: the node split)
+            per_node = self.args.node_size or local_rank(self.comm)[1]
+            summary["hierarchical_nodes"] = self.size // per_node
         weights = getattr(self.algo, "weights", None)
         if weights:   # after the drain: Σw per parameter group, and the smallest weight any rank held
             summary["weight_sum"] = [float(v) for v in np.atleast_1d(reduce(self.comm, [float(w) for w in weights],
@@ -350,7 +374,12 @@ class Run:
 
 
 def one_line(s):
-    return (f"{s['algorithm']}: {s['world_size']} ranks, {s['steps']} steps, lr {s['lr']:g}: "
+    name = s["algorithm"] + (f" over {s['base']}" if s.get("base") else "")
+    if s.get("hierarchical_nodes") == 1:
+        name += " (hierarchical on one node: the node's exact mean every step)"
+    elif s.get("hierarchical_nodes"):
+        name += f" (hierarchical: {s['hierarchical_nodes']} nodes)"
+    return (f"{name}: {s['world_size']} ranks, {s['steps']} steps, lr {s['lr']:g}: "
             f"test accuracy {s['final_accuracy']:.4f}, loss {s['final_loss']:.4f}, consensus distance "
             f"{s['consensus_distance']:.2e}, {s['time_per_step_s'] * 1e3:.1f} ms/step "
             f"(comm {s['comm_time_s']:.2f} s of {s['wall_time_s']:.2f} s)")

@@ -39,12 +39,20 @@ def collect(folders):
 
 
 def write_table(out, summaries):
+    """The markdown table of ``summaries``; with ``out``, also written: ``out`` ending in
+    ``.md`` is the table's file (its rows in the ``.json`` beside it), else a folder that gets
+    ``compare.md`` and ``compare.json``."""
     table = markdown(summaries)
     if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "compare.json"), "w") as f:
+        if out.endswith(".md"):
+            md, rows = out, out[:-3] + ".json"
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        else:
+            os.makedirs(out, exist_ok=True)
+            md, rows = os.path.join(out, "compare.md"), os.path.join(out, "compare.json")
+        with open(rows, "w") as f:
             json.dump(summaries, f, indent=2)
-        with open(os.path.join(out, "compare.md"), "w") as f:
+        with open(md, "w") as f:
             f.write(table + "\n")
     return table
 

@@ -181,9 +181,9 @@ import json, os, sys
 s = json.load(open(os.path.join(sys.argv[1], "summary.json")))
 latest = json.load(open(os.path.join(sys.argv[1], "checkpoints", "latest.json")))
 [f] = s["failures"]
-assert s["world_size"] == 3 and f["ranks"] == [2] and f["seconds"] < 15 and s["final_accuracy"] >= 0.9, s
+assert s["world_size"] == 3 and f["ranks"] == [2] and f["recovery_s"] < 15 and s["final_accuracy"] >= 0.9, s
 assert s["consensus_distance"] == 0 and latest["step"] == 300 and latest["world_size"] == 3, (s, latest)
-print(f"train: rank 2 lost at step {f['train_step']}, recovered in {f['seconds']:.2f} s, "
+print(f"train: rank 2 lost at step {f['killed_at_step']}, met at {f['met_at_step']['first']}, recovered in {f['recovery_s']:.2f} s, "
       f"accuracy {s['final_accuracy']:.3f}")
 PYEOF
     fail kill "the training run (exit $rc)"
