@@ -36,3 +36,23 @@ def test_readme_documents_every_cli_flag_and_docs_every_benchmark():
     for script in sorted(os.listdir(os.path.join(ROOT, "benchmarks"))):
         if script.endswith((".py", ".sh")) and not script.startswith("_"):  # _timing.py: a shared helper
             assert f"benchmarks/{script}" in benchmarks, f"docs/BENCHMARKS.md lacks {script}"
+
+
+def test_readme_python_snippets_are_python():
+    """Every ```python block of README compiles (a `...compute...` placeholder did not)."""
+    blocks = re.findall(r"```python\n(.*?)```", read("README.md"), re.S)
+    assert len(blocks) >= 4
+    for i, block in enumerate(blocks):
+        compile(block, f"README.md python block {i + 1}", "exec")
+
+
+def test_readme_info_sample_matches_info():
+    """The `info` sample's lines are the ones `info` prints (the machine's values aside)."""
+    from mpigossip import info
+    sample = read("README.md").split("python -m mpigossip info\n", 1)[1].split("```", 1)[0]
+    assert sample.startswith("mpigossip ") and "thread level:" in sample and "world size:" in sample
+    assert "one-sided progress across nodes:" in sample
+    source = open(info.__file__).read()
+    for label in ("thread level:", "CUDA-aware MPI:", "one-sided progress across nodes:", "world size:",
+                  "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
+        assert label in source, label
