@@ -251,6 +251,24 @@ SEGMENT_BYTES = 63 << 10
 RING_MIN_BYTES = 1 << 18
 
 
+_RUNS_KEYVAL = None
+
+
+def _runs_of(comm):
+    """The count of ring runs started on ``comm``, cached on the communicator itself (an MPI
+    attribute): every averager on one communicator, with its own layout or a shared one, takes
+    its tag windows from one count, so two of them made with ``dup=False`` cannot cross-match
+    messages. A new communicator starts at zero on every rank."""
+    global _RUNS_KEYVAL
+    if _RUNS_KEYVAL is None:
+        _RUNS_KEYVAL = MPI.Comm.Create_keyval()
+    runs = comm.Get_attr(_RUNS_KEYVAL)
+    if runs is None:
+        runs = [0]
+        comm.Set_attr(_RUNS_KEYVAL, runs)
+    return runs
+
+
 class Layout:
     """Where a communicator's ranks are: its node sub-communicator (shared memory), whether
     every rank shares one node, whether every node has as many ranks, and (made on first use)
@@ -266,9 +284,8 @@ class Layout:
         self.local_size = self.node.Get_size()
         self.one_node = self.local_size == comm.Get_size()
         self.uniform = len(set(locals_)) == 1
-        self.nodes = comm.Get_size() // self.local_size if self.uniform else None
         self._cross = None
-        self._runs = 0  # rings started on this layout's communicators (the same count on every rank)
+        self._runs = _runs_of(comm)  # rings started on this communicator (the same count on every rank)
 
     def claim_tags(self, count):
         """The first of ``count`` message tags for the next ring run: consecutive runs get
@@ -276,8 +293,8 @@ class Layout:
         starts its rings in the same order, so every rank gives a run the same window."""
         from ._base import tag_bound
         windows = max(1, (tag_bound() + 1) // count)
-        base = (self._runs % windows) * count
-        self._runs += 1
+        base = (self._runs[0] % windows) * count
+        self._runs[0] += 1
         return base
 
     @property

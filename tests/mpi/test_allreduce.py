@@ -229,3 +229,29 @@ def test_rings_in_flight_together_on_one_communicator_keep_their_messages(algori
         a.free()
     layout.free()
     shared.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_averagers_with_layouts_of_their_own_on_one_communicator_keep_their_messages():
+    """Averagers made with dup=False on one communicator and no shared layout: their tag
+    windows come from one count cached on the communicator (each layout had its own count from
+    0: the second ring's messages matched the first's receives)."""
+    c = comm()
+    shared = c.Dup()
+    xs = [np.full(6000 + 1000 * i, float(c.rank + 10 * i)) for i in range(2)]
+    avgs = [mg.AllreduceAverager(x, comm=shared, dup=False, algorithm="ring", segment_bytes=4096) for x in xs]
+    for _ in range(2):
+        for a in avgs:
+            a.start()
+        done = set()
+        while len(done) < len(avgs):
+            for i in reversed(range(len(avgs))):
+                if i not in done and avgs[i].test():
+                    done.add(i)
+        for i, (a, x) in enumerate(zip(avgs, xs)):
+            a.finish()
+            np.testing.assert_array_equal(x, np.full(x.size, (c.size - 1) / 2 + 10 * i))
+            x[:] = c.rank + 10 * i
+    for a in avgs:
+        a.free()
+    shared.Free()
