@@ -202,6 +202,21 @@ def test_a_bad_algorithm_or_segment_is_refused_on_every_rank():
         assert same_on_all_ranks(c, str(err.value))
 
 
+def _start_all_finish_in_reverse(c, avgs, xs):
+    """Start every averager, drive them to completion newest first, and check each exact mean
+    (rank r, averager i holds ``r + 10 i``)."""
+    for a in avgs:
+        a.start()
+    done = set()
+    while len(done) < len(avgs):
+        for i in reversed(range(len(avgs))):
+            if i not in done and avgs[i].test():
+                done.add(i)
+    for i, (a, x) in enumerate(zip(avgs, xs)):
+        a.finish()
+        np.testing.assert_array_equal(x, np.full(x.size, (c.size - 1) / 2 + 10 * i))
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("algorithm", ["ring", "node-ring"])
 def test_rings_in_flight_together_on_one_communicator_keep_their_messages(algorithm):
@@ -216,16 +231,8 @@ def test_rings_in_flight_together_on_one_communicator_keep_their_messages(algori
     xs = [np.full(5000 + 1000 * i, float(c.rank + 10 * i)) for i in range(3)]
     avgs = [mg.AllreduceAverager(x, comm=shared, dup=False, layout=layout, algorithm=algorithm, segment_bytes=4096)
             for x in xs]
+    _start_all_finish_in_reverse(c, avgs, xs)
     for a in avgs:
-        a.start()
-    done = set()
-    while len(done) < len(avgs):
-        for i in reversed(range(len(avgs))):
-            if i not in done and avgs[i].test():
-                done.add(i)
-    for i, (a, x) in enumerate(zip(avgs, xs)):
-        a.finish()
-        np.testing.assert_array_equal(x, np.full(x.size, (c.size - 1) / 2 + 10 * i))
         a.free()
     layout.free()
     shared.Free()
@@ -241,16 +248,8 @@ def test_averagers_with_layouts_of_their_own_on_one_communicator_keep_their_mess
     xs = [np.full(6000 + 1000 * i, float(c.rank + 10 * i)) for i in range(2)]
     avgs = [mg.AllreduceAverager(x, comm=shared, dup=False, algorithm="ring", segment_bytes=4096) for x in xs]
     for _ in range(2):
-        for a in avgs:
-            a.start()
-        done = set()
-        while len(done) < len(avgs):
-            for i in reversed(range(len(avgs))):
-                if i not in done and avgs[i].test():
-                    done.add(i)
-        for i, (a, x) in enumerate(zip(avgs, xs)):
-            a.finish()
-            np.testing.assert_array_equal(x, np.full(x.size, (c.size - 1) / 2 + 10 * i))
+        _start_all_finish_in_reverse(c, avgs, xs)
+        for i, x in enumerate(xs):
             x[:] = c.rank + 10 * i
     for a in avgs:
         a.free()
