@@ -51,7 +51,6 @@ class Cluster:
         self.engine = Engine()
         self.fabric = Fabric(self.engine, capacity)
         self._mail = {}
-        self.moved = {}   # rank -> bytes its operations delivered, over the wire or through shared memory
         #: every delivery: (time it completed, rank whose operation it was, bytes, between nodes)
         self.deliveries = []
 
@@ -73,8 +72,8 @@ class Cluster:
         """The bytes of one message on the wire from ``src``'s node to ``dst``'s (shared
         memory inside a node); ``rate``: the fraction of a link this kind of message can use
         (one-sided gets, for instance, move at part of it); ``by``: the rank whose operation
-        it is (default ``src``), credited in :attr:`moved` and :attr:`deliveries` once the
-        bytes have arrived (a message still on the wire has moved nothing yet)."""
+        it is (default ``src``), credited in :attr:`deliveries` once the bytes have arrived (a
+        message still on the wire has moved nothing yet)."""
         who = src if by is None else by
         a, b = self.node(src), self.node(dst)
         if a == b:
@@ -91,7 +90,6 @@ class Cluster:
 
     def credit(self, rank, nbytes, between_nodes):
         """Record ``nbytes`` delivered now by ``rank``'s operation."""
-        self.moved[rank] = self.moved.get(rank, 0.0) + nbytes
         self.deliveries.append((self.engine.now, rank, nbytes, between_nodes))
 
     def mailbox(self, key):

@@ -183,9 +183,12 @@ class Steps:
         arrived = self._arrivals.setdefault(k, [0, self.cl.engine.event()])
         # delivered when the ring ends, as a ring's rank sends: 2 (n - 1) / n models, of which the
         # inter-node ring's 2 (N - 1) / N of this rank's shard M / L cross its node's link
-        arrived[1].then(lambda _: (cl.credit(r, 2 * (N - 1) / N * M / L, True) if N > 1 else None,
-                                   cl.credit(r, 2 * (self.n - 1) / self.n * M - (2 * (N - 1) / N * M / L
-                                                                                  if N > 1 else 0.0), False)))
+        between = 2 * (N - 1) / N * M / L
+
+        def delivered(_):
+            cl.credit(r, between, True)
+            cl.credit(r, 2 * (self.n - 1) / self.n * M - between, False)
+        arrived[1].then(delivered)
         arrived[0] += 1
         if arrived[0] == self.n:
             c = self.costs

@@ -101,13 +101,20 @@ def _run(method, nodes, ranks_per_node, work, costs, seed):
     return cl, run
 
 
-def _measure(cl, run, first, last):
-    """Each rank over its own steps ``first..last`` (indices, inclusive): the sum over ranks
-    of its steps per second, each rank's mean step, and the models each rank's operations
-    delivered per step in that window, in all and between nodes."""
+def _by_rank(cl):
+    """The cluster's deliveries by the rank whose operation each was: ``{rank: [(time, bytes,
+    between nodes)]}``."""
     per_rank = {}
     for t, rank, nbytes, between in cl.deliveries:
         per_rank.setdefault(rank, []).append((t, nbytes, between))
+    return per_rank
+
+
+def _measure(per_rank, run, first, last):
+    """Each rank over its own steps ``first..last`` (indices, inclusive): the sum over ranks
+    of its steps per second, each rank's mean step, and the models each rank's operations
+    delivered per step in that window (``per_rank``: :func:`_by_rank`), in all and between
+    nodes."""
     rates, steps, moved, between_nodes, between_rate = [], [], 0.0, 0.0, 0.0
     count = last - first + 1
     for r, t in enumerate(run.times):
@@ -150,12 +157,11 @@ def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0, until_steady
     the two halves of the timed steps agree within ``tolerance`` in steps per second and in
     models moved per step, and the second half lasts at least three times a model's time on a
     node's link with each of the node's ranks sending one; the figures are then the second
-    half's. ``steady`` is False where ``max_steps`` came
-    first.
+    half's. ``steady`` is False where ``max_steps`` came first.
     """
     if not until_steady:
         cl, run = _run(method, nodes, ranks_per_node, work, costs, seed)
-        out = _measure(cl, run, work.warmup, work.warmup + work.steps - 1)
+        out = _measure(_by_rank(cl), run, work.warmup, work.warmup + work.steps - 1)
         return dict(out, seconds=max(t[-1] for t in run.times), steps=work.steps, steady=None,
                     held=sum(run.held))
     n = nodes * ranks_per_node
@@ -168,8 +174,9 @@ def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0, until_steady
         w = dataclasses.replace(work, steps=steps)
         cl, run = _run(method, nodes, ranks_per_node, w, costs, seed)
         half = w.warmup + steps // 2
-        a = _measure(cl, run, w.warmup, half - 1)
-        b = _measure(cl, run, half, w.warmup + steps - 1)
+        per_rank = _by_rank(cl)
+        a = _measure(per_rank, run, w.warmup, half - 1)
+        b = _measure(per_rank, run, half, w.warmup + steps - 1)
         span = sorted(s * (steps // 2) for s in b["step_s"])[len(b["step_s"]) // 2]
         long_enough = span >= 3 * message_s
         steady = (long_enough and _close(a["steps_per_s"], b["steps_per_s"], tolerance)

@@ -109,9 +109,10 @@ class Run:
         # Surviving a failure: evaluate at the end only, over the survivors (an evaluation's
         # collectives would meet a failure outside the algorithm's recovery).
         self.eval_every = self.steps if self.on_failure == "continue" else args.eval_every or max(1, self.steps // 10)
-        self.kill_at = None  # fault injection (--kill RANK:STEP, ranks of the launch): this rank dies at that step
-        for spec in getattr(args, "kill", None) or []:
-            r, at = parse_kill(spec, MPI.COMM_WORLD.Get_size())
+        # fault injection (--kill RANK:STEP, ranks of the launch): [(rank, step)], and the step this rank dies at
+        self.kills = [parse_kill(spec, MPI.COMM_WORLD.Get_size()) for spec in getattr(args, "kill", None) or []]
+        self.kill_at = None
+        for r, at in self.kills:
             if r == MPI.COMM_WORLD.Get_rank():
                 self.kill_at = at
         self.failures = []  # failures survived: [{"step", "ranks", ...}] (--on-failure continue)
@@ -252,8 +253,7 @@ class Run:
         ``--kill`` injection; None for a real failure: no survivor knows), the first and last
         training step at which the survivors met it, the algorithm's step of its recovery,
         when (seconds into the run) and how long the recoveries took, and the mass lost."""
-        killed = [s for r, s in (parse_kill(spec, MPI.COMM_WORLD.Get_size())
-                                 for spec in getattr(self.args, "kill", None) or []) if r in algo_record["ranks"]]
+        killed = [s for r, s in self.kills if r in algo_record["ranks"]]
         met = [int(s) for s in rec.shared]
         record = {"ranks": algo_record["ranks"], "size": algo_record["size"],
                   "killed_at_step": min(killed) if killed else None,
@@ -440,7 +440,7 @@ def main(args):
         check_out_folders(args, folders)
     except UsageError as exc:
         return fail(comm, str(exc), 2)
-    if args.overwrite and folders[0]:
+    if args.overwrite and args.out:
         if comm.Get_rank() == 0:
             for folder in folders:
                 shutil.rmtree(os.path.join(folder, "checkpoints"), ignore_errors=True)
