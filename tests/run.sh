@@ -24,7 +24,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-SIZES=${MPIGOSSIP_TEST_SIZES:-"1 2 3 4 8"}   # 3: odd and no power of two; 8: two per core
+SIZES=${MPIGOSSIP_TEST_SIZES:-}   # default below: 1 2 3 (odd, no power of two) 4 8 (two per core)
 STEPS=${MPIGOSSIP_TEST_STEPS:-"lint docs units wheel faults train reproduce slurm mpi cluster"}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60}   # deadline of every wait inside the tests
 export PYTHONUNBUFFERED=1
@@ -71,6 +71,11 @@ cluster_runs() {
   wanted cluster && [ "${MPIGOSSIP_CLUSTER_TESTS:-1}" != 0 ] && [ "$(id -u)" = 0 ] &&
     command -v ip >/dev/null && command -v tc >/dev/null && command -v nsenter >/dev/null
 }
+# 4 ranks run across the emulated nodes (one per node, every message over TCP); on one node
+# only where the cluster part does not run.
+if [ -z "$SIZES" ]; then
+  if cluster_runs; then SIZES="1 2 3 8"; else SIZES="1 2 3 4 8"; fi
+fi
 if wanted slurm; then
   # the jobs the cluster step submits to 4 Slurm nodes (bench, preemption) run there only
   cluster_runs && export MPIGOSSIP_SLURM_ON_FOUR_NODES=1

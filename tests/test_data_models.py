@@ -69,6 +69,14 @@ def test_fashion_mnist_idx_files_and_errors(tmp_path):
         data.load("fashion-mnist", data_dir=str(tmp_path))
 
 
+def test_digits_read_directly_equal_scikit_learns_loader():
+    """The digits are read from scikit-learn's file without importing sklearn.datasets (a
+    second a process): the same pixels and labels as its loader."""
+    from sklearn.datasets import load_digits
+    bunch, table = load_digits(), data._digits_table()
+    assert np.array_equal(table[:, :-1], bunch.data) and np.array_equal(table[:, -1], bunch.target)
+
+
 def test_digits_and_synthetic_are_deterministic_and_shardable():
     a, b = data.load("digits", seed=1), data.load("digits", seed=1)
     assert np.array_equal(a.x_train, b.x_train) and a.shape == (1, 8, 8) and a.classes == 10

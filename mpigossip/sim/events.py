@@ -122,14 +122,6 @@ class Engine:
         return self.now
 
 
-class _Flow:
-    __slots__ = ("left", "index", "weights", "cap", "rate", "event")
-
-    def __init__(self, amount, index, weights, cap, event):
-        self.left, self.index, self.weights = amount, index, weights
-        self.cap, self.rate, self.event = cap, 0.0, event
-
-
 class Fabric:
     """Resources with a capacity per second, shared max-min fairly by the flows crossing them.
 
@@ -147,9 +139,19 @@ class Fabric:
         self._slot = {name: i for i, name in enumerate(self._names)}
         self._cap = np.array([float(capacity[n]) for n in self._names])
         self._carried = np.zeros(len(self._names))
-        self._flows = []
+        # The flows under way, as parallel arrays (one entry per flow) and their incidence on
+        # the resources (one entry per flow and resource it crosses): the sharing is
+        # recomputed at every start and end of a flow, so it is done in numpy throughout.
+        self._events = []
+        self._left = np.zeros(0)
+        self._rate = np.zeros(0)
+        self._solo = np.zeros(0)   # a flow's pace alone: its cap, or its first resource's capacity
+        self._fi = np.zeros(0, dtype=np.intp)   # per incidence: the flow's position
+        self._ri = np.zeros(0, dtype=np.intp)   # the resource's
+        self._w = np.zeros(0)                   # the units of the resource per unit of the flow
         self._last = 0.0
         self._version = 0
+        self._pending = False
 
     @property
     def carried(self):
@@ -177,28 +179,25 @@ class Fabric:
 
         def start():
             self._advance()
-            self._flows.append(_Flow(float(amount), index, w, cap, done))
-            self._reschedule()
+            n = len(self._events)
+            self._events.append(done)
+            self._left = np.append(self._left, float(amount))
+            self._rate = np.append(self._rate, 0.0)
+            self._solo = np.append(self._solo, min(cap, self._cap[index[0]] / w[0]))
+            self._fi = np.append(self._fi, np.full(len(index), n, dtype=np.intp))
+            self._ri = np.append(self._ri, index)
+            self._w = np.append(self._w, w)
+            self._changed()
         self.engine.call_at(self.engine.now + latency, start)
         return done
 
     def _advance(self):
         """Move every flow on by its rate since the last change."""
         dt = self.engine.now - self._last
-        if dt > 0 and self._flows:
-            for f in self._flows:
-                f.left -= f.rate * dt
-            fi, ri, w = self._incidence()
-            rates = np.array([f.rate for f in self._flows])
-            self._carried += np.bincount(ri, w * rates[fi] * dt, minlength=len(self._cap))
+        if dt > 0 and self._events:
+            self._left -= self._rate * dt
+            self._carried += np.bincount(self._ri, self._w * self._rate[self._fi] * dt, minlength=len(self._cap))
         self._last = self.engine.now
-
-    def _incidence(self):
-        """Per (flow, resource) pair: the flow's position, the resource's, and the weight."""
-        flows = self._flows
-        counts = [len(f.index) for f in flows]
-        fi = np.repeat(np.arange(len(flows)), counts)
-        return fi, np.concatenate([f.index for f in flows]), np.concatenate([f.weights for f in flows])
 
     def _rates(self):
         """Max-min fair rates by progressive filling, each flow's rate counted in units of its
@@ -207,12 +206,10 @@ class Fabric:
         through a full resource are fixed. Flows over the same first resource (the transfers
         out of one link) share max-min fairly as usual; flows of different units, bytes over a
         link and CPU-seconds on a core pool, share a pool by the same fraction of their pace."""
-        flows = self._flows
-        if not flows:
+        n, nres = len(self._events), len(self._cap)
+        if not n:
             return
-        n, nres = len(flows), len(self._cap)
-        fi, ri, w = self._incidence()
-        solo = np.array([min(f.cap, self._cap[f.index[0]] / f.weights[0]) for f in flows])
+        fi, ri, w, solo = self._fi, self._ri, self._w, self._solo
         rate = np.zeros(n)
         left = self._cap.copy()
         unfixed = np.ones(n, dtype=bool)
@@ -230,20 +227,25 @@ class Fabric:
             rate[fixed] = level * solo[fixed]
             left = np.maximum(0.0, left - np.bincount(ri, w * rate[fi] * fixed[fi], minlength=nres))
             unfixed = unfixed & ~fixed
-        for f, r in zip(flows, rate.tolist()):
-            f.rate = r
+        self._rate = rate
+
+    def _changed(self):
+        """The flows changed: share anew once this instant's changes are in (flows starting
+        together, as a ring's ranks do, are shared once, not once per flow)."""
+        self._version += 1   # a completion scheduled for the old flows is void
+        if not self._pending:
+            self._pending = True
+            self.engine.call_at(self.engine.now, self._reschedule)
 
     def _reschedule(self):
+        self._pending = False
         self._rates()
         self._version += 1
-        version = self._version
-        soonest = math.inf
-        for f in self._flows:
-            if f.rate > 0:
-                soonest = min(soonest, f.left / f.rate)
-        if soonest < math.inf:
+        moving = self._rate > 0
+        if moving.any():
+            soonest = float((self._left[moving] / self._rate[moving]).min())
             self.engine.call_at(self.engine.now + max(soonest, 1e-12 * max(1.0, self.engine.now)), self._complete,
-                                version)
+                                self._version)
 
     def _complete(self, version):
         if version != self._version:
@@ -251,10 +253,16 @@ class Fabric:
         self._advance()
         # done: less than a femtosecond-per-second of the clock left to go (time adds up in floats)
         eps = 1e-12 * max(1.0, self.engine.now)
-        finished, going = [], []
-        for f in self._flows:
-            (finished if f.left <= f.rate * eps or f.left <= 1e-12 else going).append(f)
-        self._flows = going
-        self._reschedule()
-        for f in finished:
-            f.event.succeed()
+        finished = (self._left <= self._rate * eps) | (self._left <= 1e-12)
+        done = [e for e, f in zip(self._events, finished.tolist()) if f]
+        if done:
+            keep = ~finished
+            self._events = [e for e, f in zip(self._events, finished.tolist()) if not f]
+            self._left, self._rate, self._solo = self._left[keep], self._rate[keep], self._solo[keep]
+            inc = keep[self._fi]
+            renumber = np.cumsum(keep) - 1
+            self._fi = renumber[self._fi[inc]]
+            self._ri, self._w = self._ri[inc], self._w[inc]
+        self._changed()
+        for e in done:
+            e.succeed()
