@@ -7,6 +7,10 @@ A mix-in of :class:`~mpigossip.agp.AsyncPushSum`, which provides the per-peer bu
 calls ``_regroup``) and calls :meth:`AsyncLeave._notices` from its polling.
 """
 
+# mypy: disable-error-code="attr-defined, has-type"
+# (a mix-in: the attributes it uses are its host class's)
+from __future__ import annotations
+
 import math
 
 import numpy as np
@@ -22,7 +26,7 @@ class AsyncLeave:
     keeps ``_gone`` (the ranks whose notice arrived, until the drain that drops them) and
     ``_leaving`` (this rank's request)."""
 
-    def join(self):
+    def join(self) -> None:
         """Collective: from now on a rank may :meth:`leave` (each ``drain()`` then also agrees
         who leaves). Unlike PushSum's, the ranks need not be at the same step."""
         self._check_open()
@@ -34,7 +38,7 @@ class AsyncLeave:
                               op=f"{self._name}.join")
         self._members = membership.Membership(self.comm, timeout=self.timeout, op=self._name)
 
-    def leave(self):
+    def leave(self) -> None:
         """Drop out (after :meth:`join`; e.g. out of data). This rank gives its whole ``(x, w)``
         to the next rank, tells every rank that it leaves (they send it no more shares and take
         back what they had put aside for it), and waits in a :meth:`drain` for the others' next

@@ -10,20 +10,26 @@ its buffers) until then. A program that ends without ``free()`` is therefore saf
 rank must still have run the same steps, as for ``drain()``.
 """
 
+from __future__ import annotations
+
 import atexit
 import functools
 import itertools
 import sys
 import warnings
 import weakref
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
 from . import deadline
 from ._checks import integer_error
 
-_live = weakref.WeakSet()  # communicators not yet freed
-_dropped = []              # collected while in flight: kept (with their buffers) until exit
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+_live: weakref.WeakSet[MPIObject] = weakref.WeakSet()  # communicators not yet freed
+_dropped: list[MPIObject] = []              # collected while in flight: kept (with their buffers) until exit
 _created = itertools.count()  # construction order, the same on every rank (construction is collective)
 
 
@@ -86,11 +92,11 @@ def _renamed(old, new, owner):
     def warn():
         warnings.warn(f"{owner}.{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
 
-    def get(self):
+    def get(self: Any) -> Any:
         warn()
         return getattr(self, new)
 
-    def put(self, value):
+    def put(self: Any, value: Any) -> None:
         warn()
         setattr(self, new, value)
     return property(get, put, doc=f"Deprecated name of :attr:`{new}`.")
@@ -103,9 +109,9 @@ class Stateful:
     ``DeprecationWarning`` on use)."""
 
     _name = "Stateful"
-    _counters = ()
-    _state_keys = ()  # the keys _state() adds
-    _renamed = {}
+    _counters: tuple[str, ...] = ()
+    _state_keys: tuple[str, ...] = ()  # the keys _state() adds
+    _renamed: dict[str, str] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -115,7 +121,7 @@ class Stateful:
     def _check_open(self):
         """Raise if freed (override)."""
 
-    def drain(self):
+    def drain(self) -> None:
         """Complete everything in flight (nothing here)."""
         self._check_open()
 
@@ -126,7 +132,7 @@ class Stateful:
     def _load_state(self, state):
         """Restore what :meth:`_state` returned (override)."""
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """Counters and state after :meth:`drain` (which may be collective: every rank calls)."""
         self._check_open()
         self.drain()
@@ -134,7 +140,7 @@ class Stateful:
         state.update(self._state())
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` (nothing may be in flight)."""
         self._check_open()
         missing = [k for k in self._counters + self._state_keys if k not in state]
@@ -147,7 +153,7 @@ class Stateful:
             setattr(self, k, int(state[k]))
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> bool:
         """Whether requests of this object are pending (then it must not vanish)."""
         return False
 
@@ -181,18 +187,18 @@ class Steps(Stateful):
     :class:`~mpigossip.Outer`) says whether the last step did in ``exchanged``."""
 
     _name = "Steps"
-    _counters = ("steps",)
+    _counters: tuple[str, ...] = ("steps",)
     steps = 0
 
     def step(self):
         """One step of the algorithm."""
         raise NotImplementedError(f"{self._name}.step()")
 
-    def start(self):
+    def start(self) -> None:
         """Begin a step (here: the whole step; classes with an overlap variant override)."""
         self.step()
 
-    def finish(self):
+    def finish(self) -> None:
         """Complete the step begun by :meth:`start` as far as the algorithm requires."""
         self._check_open()
 
@@ -285,7 +291,7 @@ class MPIObject(Stateful):
         deadline.wait(requests, comm=self.comm, timeout=self.timeout, op=f"{self._name}.{op}", peer=peer)
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self.comm == MPI.COMM_NULL
 
     def _check_open(self):

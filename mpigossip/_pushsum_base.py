@@ -7,6 +7,8 @@ steps differ in contract (PushSum's ranks run in lockstep, AGP's never wait), so
 ``isinstance(obj, PushSum)`` tells which contract an object keeps.
 """
 
+from __future__ import annotations
+
 from mpi4py import MPI
 
 from . import buffers, kernels, membership
@@ -15,6 +17,7 @@ from . import wire as wire_mod
 from ._base import Communicator
 from ._pipeline import bind_mixing
 from ._tolerant import Survives
+from .hints import Buffer
 
 
 class PushSumBase(Survives, Communicator):
@@ -82,7 +85,7 @@ class PushSumBase(Survives, Communicator):
             raise RuntimeError(f"{self._name}: this rank has left (leave()); its x holds its de-biased model")
         super()._check_open()
 
-    def join(self):
+    def join(self) -> None:
         """Collective: from the next step on, a rank may :meth:`leave` (each step then posts
         one small nonblocking ``Iallreduce`` of who asks to leave). Every rank calls it at
         the same step (checked: the same error on every rank). See :class:`mpigossip.Join`."""
@@ -153,7 +156,7 @@ class PushSumBase(Survives, Communicator):
                                  cuda_aware=self._cuda_aware)
 
     @property
-    def started(self):
+    def started(self) -> bool:
         """Whether ``start()`` was called and ``finish()`` not yet."""
         return self._started
 
@@ -175,7 +178,7 @@ class PushSumBase(Survives, Communicator):
     def _load_state(self, state):
         self.weight = float(state["weight"])
 
-    def debiased(self):
+    def debiased(self) -> Buffer:
         """``z = x / w`` now, in a buffer of x's kind that is reused across calls."""
         self._check_open()
         if self._zbuf is None:
@@ -187,7 +190,7 @@ class PushSumBase(Survives, Communicator):
         return self._z_user
 
     @property
-    def z(self):
+    def z(self) -> Buffer | None:
         """The de-biased buffer as last written (by ``debiased()`` or a fused combine), or None."""
         return self._z_user
 

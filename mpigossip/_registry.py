@@ -4,6 +4,10 @@ Plain data, no imports: the command line checks its flags against it before torc
 MPI are loaded.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 #: Every algorithm, in the order tables list them.
 ALGORITHMS = ("allreduce", "allreduce-params", "easgd", "asgd", "gossip-pull", "gossip-push", "sgp", "osgp", "agp",
               "dpsgd", "adpsgd", "localsgd", "slowmo", "diloco")
@@ -14,7 +18,7 @@ OUTER_BASES = ("allreduce-params", "sgp", "dpsgd", "gossip-push")
 
 #: The options each algorithm's wrapper takes (besides ``comm`` and ``timeout``).
 _HIERARCHICAL = ("hierarchical", "node_size")
-OPTIONS = {"allreduce": ("bucket_mb", "wire", "on_failure"), "allreduce-params": ("on_failure",) + _HIERARCHICAL,
+OPTIONS: dict[str, tuple[str, ...]] = {"allreduce": ("bucket_mb", "wire", "on_failure"), "allreduce-params": ("on_failure",) + _HIERARCHICAL,
            "easgd": ("beta", "tau", "servers"),
            "asgd": ("servers",), "gossip-pull": ("tau", "seed"), "gossip-push": ("tau", "seed", "wire", "on_failure") + _HIERARCHICAL,
            "sgp": ("topology", "peers", "wire", "on_failure") + _HIERARCHICAL, "osgp": ("topology", "peers", "max_delay", "wire", "on_failure"),
@@ -23,7 +27,7 @@ OPTIONS = {"allreduce": ("bucket_mb", "wire", "on_failure"), "allreduce-params":
            **{a: ("base", "inner_steps", "outer_lr", "outer_momentum", "warmup", "inner_mixing") for a in OUTER}}
 
 
-def options_of(algorithm, base=None):
+def options_of(algorithm: str, base: str | None = None) -> tuple[str, ...]:
     """The options a wrapper takes: its own, and for an outer optimizer its base's too."""
     if algorithm in OUTER:
         base = base or OPTION_DEFAULTS["base"]
@@ -36,7 +40,7 @@ def options_of(algorithm, base=None):
 #: moving rate ``beta`` (each of P workers moves by beta / P), one server rank, one out-peer;
 #: outer optimizers average the parameters by AllReduce every 32 steps (DiLoCo's outer Nesterov
 #: momentum over inner momentum SGD diverged on digits at 4 and 8: docs/RESULTS.md).
-OPTION_DEFAULTS = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers": 1, "seed": 0,
+OPTION_DEFAULTS: dict[str, Any] = {"tau": 1, "max_delay": 1, "beta": 0.9, "servers": 1, "peers": 1, "seed": 0,
                    "base": "allreduce-params", "inner_steps": 32, "wire": None,
                    "inner_mixing": False, "on_failure": "abort"}
 

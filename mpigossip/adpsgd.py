@@ -20,7 +20,10 @@ MPI's ``Win.Allocate`` windows on one node the target needs no progress calls; a
 nodes over TCP, Open MPI's osc/rdma may (docs/CLUSTER.md).
 """
 
+from __future__ import annotations
+
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
@@ -28,6 +31,9 @@ from mpi4py import MPI
 from . import buffers, deadline, kernels, rma
 from ._base import Communicator
 from ._checks import integer_error
+
+if TYPE_CHECKING:
+    from .hints import Buffer
 
 
 class ADPSGD(Communicator):
@@ -46,7 +52,7 @@ class ADPSGD(Communicator):
     _state_keys = ("rng",)
     _renamed = {"step_count": "steps"}
 
-    def __init__(self, x, *, comm, seed=0, timeout=None):
+    def __init__(self, x: Buffer, *, comm: MPI.Intracomm, seed: int = 0, timeout: float | None = None) -> None:
         super().__init__(comm, timeout)
         error = None
         error = integer_error(seed, "seed")
@@ -87,7 +93,7 @@ class ADPSGD(Communicator):
         else:
             self._wait(self.win.Rput([data, self.buffer.datatype], self.rank), "step (own window)")
 
-    def step(self):
+    def step(self) -> None:
         """Active rank: average atomically with a random passive rank. Passive rank: fold
         the local update into the window and continue from it. No-op on one rank."""
         self._check_open()
@@ -126,7 +132,7 @@ class ADPSGD(Communicator):
         np.copyto(last, shared)
         self.win.Unlock(self.rank)
 
-    def drain(self):
+    def drain(self) -> None:
         """Collective: once every rank has stopped averaging, passive ranks take their
         window (with the averages taken since their last step) into ``x``. Then Σx over
         ranks holds all the mass; training may go on."""
@@ -146,7 +152,7 @@ class ADPSGD(Communicator):
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
 
-    def free(self):
+    def free(self) -> None:
         """Collective: wait (with deadline) for every rank, then release the window."""
         if self.closed:
             return

@@ -42,6 +42,10 @@ the ranks run. Progress comes from ``Test`` calls in ``start()`` and ``finish()`
 no background thread.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from mpi4py import MPI
 
@@ -50,6 +54,10 @@ from ._agp_leave import NOTICE, AsyncLeave
 from ._agp_tolerant import AsyncRequests, AsyncSurvives
 from ._checks import integer_error
 from ._pushsum_base import PushSumBase
+
+if TYPE_CHECKING:
+    from .hints import Buffer
+    from .topology import Topology
 
 
 def _fraction_error(value, name):
@@ -70,7 +78,7 @@ class _Out:
 
     __slots__ = ("dst", "sending", "message", "wsend", "accumulating", "waccum", "filled", "sent", "sent_at_drain")
 
-    def __init__(self, dst, new_transport):
+    def __init__(self, dst: Any, new_transport: Any) -> None:
         self.dst = dst
         self.sending, self.accumulating = new_transport(), new_transport()
         self.message = None  # the failures.Message in flight (its weight, then x), until it has left
@@ -87,7 +95,7 @@ class _Slot:
 
     __slots__ = ("transport", "message", "src", "w")
 
-    def __init__(self, transport):
+    def __init__(self, transport: Any) -> None:
         self.transport, self.message, self.src, self.w = transport, None, None, 0.0
 
 
@@ -119,8 +127,10 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
     _name = "AsyncPushSum"
     _tags = staticmethod(_tags)
 
-    def __init__(self, x, *, comm, topology=None, weight=1.0, timeout=None, cuda_aware=None, stage=None,
-                 receives=2, min_weight=2.0 ** -10, z=None, wire=None, on_failure="abort"):
+    def __init__(self, x: Buffer, *, comm: MPI.Intracomm, topology: Topology | None = None, weight: float = 1.0,
+                 timeout: float | None = None, cuda_aware: bool | None = None, stage: bool | None = None,
+                 receives: int = 2, min_weight: float = 2.0 ** -10, z: Buffer | None = None, wire: str | None = None,
+                 on_failure: str = "abort") -> None:
         if z is not None:
             raise ValueError("AsyncPushSum (PushSum(max_delay=None)) takes no z: call debiased()")
         if wire is not None:
@@ -230,7 +240,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                 out.message.start()
         out.sent += 1
 
-    def start(self):
+    def start(self) -> None:
         """Split off this step's shares of ``(x, w)`` into the out-peers' buffers and send
         those whose previous message has left. Never blocks."""
         self._check_open()
@@ -257,7 +267,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         self._surviving(lambda: ([self._send_if_free(self._outs[dst]) for dst in sorted(out_weights)],
                                  self._poll()))
 
-    def finish(self):
+    def finish(self) -> None:
         """Add whatever shares have arrived, from anyone; send what the out-peers' links
         freed. Never blocks. Ends the step."""
         self._check_open()
@@ -289,18 +299,18 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         self.received = np.zeros(self.size, dtype=np.int64)
         self.epoch = 0
 
-    def step(self):
+    def step(self) -> None:
         """``start()`` then ``finish()``: one step that never waits."""
         self.start()
         self.finish()
 
     # ------------------------------------------------------------------ drain
     @property
-    def in_flight(self):
+    def in_flight(self) -> bool:
         return bool(self._started or any(o.filled or o.message is not None for o in self._outs.values())
                     or any(s.src is not None for s in self._slots))
 
-    def drain(self):
+    def drain(self) -> None:
         """Collective: send every accumulated share, agree on how many messages each pair
         exchanged, and receive the rest. Afterwards Σx and Σw over ranks are exact, even when
         the ranks ran different numbers of steps; training may go on. After :meth:`join`, the
@@ -363,7 +373,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
             self.finish()
         self.drain()
 
-    def free(self):
+    def free(self) -> None:
         """Collective: drain, then release the communicator."""
         if self.closed:
             return

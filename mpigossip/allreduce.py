@@ -1,6 +1,9 @@
 """AllReduce SGD's exact averaging: ``buf = mean over ranks of buf``, in place."""
 
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
@@ -12,6 +15,9 @@ from ._tolerant import Survives
 from ._tolerant_allreduce import PersistentRing
 from ._wire_allreduce import NodeWireAllreduce, WireAllreduce
 from .membership import MeanJoin
+
+if TYPE_CHECKING:
+    from .hints import Buffer
 
 
 class AllreduceAverager(MeanJoin, Survives, Communicator):
@@ -69,8 +75,10 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
 
     _name = "AllreduceAverager"
 
-    def __init__(self, buf, *, comm, timeout=None, cuda_aware=None, stage=None, chunk_bytes=None, dup=True,
-                 wire=None, algorithm="auto", segment_bytes=SEGMENT_BYTES, layout=None, on_failure="abort"):
+    def __init__(self, buf: Buffer, *, comm: MPI.Intracomm, timeout: float | None = None,
+                 cuda_aware: bool | None = None, stage: bool | None = None, chunk_bytes: int | None = None,
+                 dup: bool = True, wire: str | None = None, algorithm: str = "auto", segment_bytes: int = SEGMENT_BYTES,
+                 layout: Layout | None = None, on_failure: str = "abort") -> None:
         super().__init__(comm, timeout, dup=dup)
         error = check_chunk_bytes(chunk_bytes, auto=True) or integer_error(segment_bytes, "segment_bytes", 1)
         if algorithm not in ALGORITHMS:
@@ -80,7 +88,8 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         self.buffer = self._check_buffer(buf, name="buf", wire=wire, same={
             "chunk_bytes": chunk_bytes, "algorithm": algorithm, "segment_bytes": segment_bytes,
             "on_failure": on_failure})
-        self.members, self.failures = list(range(self.size)), []
+        self.members = list(range(self.size))
+        self.failures: list[Any] = []
         self._tolerate(on_failure, lambda: PersistentRing(self, stage=stage, cuda_aware=cuda_aware))
         self.wire = wire
         self._own_layout = layout is None
@@ -92,7 +101,8 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         # start()/finish() always run a flat ring: the node-aware one's node collectives would be
         # begun in a different order on different ranks when several averagers overlap (a model's
         # buckets), which MPI's nonblocking collectives do not allow.
-        self._ring = self._nonblocking_ring = None
+        self._ring: Ring | NodeRing | None = None
+        self._nonblocking_ring: Ring | None = None
         if self.algorithm in ("ring", "node-ring"):
             self._nonblocking_ring = Ring(self, self.comm, synchronize=sync, segment=segment, scale=1.0 / self.size,
                                           op=f"{self._name}.finish (ring)", claim=self.layout.claim_tags)
@@ -117,11 +127,11 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
 
     _renamed = {"rounds": "steps"}
 
-    def step(self):
+    def step(self) -> None:
         """The blocking exact mean (:meth:`average`)."""
         self.average()
 
-    def average(self):
+    def average(self) -> None:
         """Blocking exact mean (after :meth:`join`: over the ranks still training)."""
         if self._exchange is not None:
             self._check_idle()
@@ -181,7 +191,7 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             self.buffer.release()
         self.steps += 1
 
-    def start(self):
+    def start(self) -> None:
         """Post the nonblocking ``Iallreduce`` (with a wire format: the reduce-scatter); returns at once
         (after :meth:`join`, a small blocking count of the ranks still training comes first)."""
         if self._exchange is not None:
@@ -204,7 +214,7 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             return
         self._request = self.comm.Iallreduce(MPI.IN_PLACE, self._transport.spec, MPI.SUM)
 
-    def test(self):
+    def test(self) -> bool:
         """Whether the started average has completed (drives progress)."""
         if self._request is None:
             raise RuntimeError(f"{self._name}.test(): nothing started")
@@ -214,7 +224,7 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             return self._nonblocking_ring.test()
         return self._request.Test()
 
-    def finish(self):
+    def finish(self) -> None:
         """Complete the started average and scale by ``1/size`` (after :meth:`join`: by one over
         the ranks still training)."""
         if self._joined and self.active == 0 and self._request is None:
@@ -248,12 +258,12 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             self.buffer.release()
         self.steps += 1
 
-    def wait(self):
+    def wait(self) -> None:
         """Deprecated name of :meth:`finish`."""
         warnings.warn("AllreduceAverager.wait() is deprecated: use finish()", DeprecationWarning, stacklevel=2)
         self.finish()
 
-    def drain(self):
+    def drain(self) -> None:
         """Complete a started average, if any."""
         self._check_open()
         self._complete()
@@ -264,7 +274,7 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             raise RuntimeError(f"{self._name}: an average is in flight; call finish() first")
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> bool:
         return self._request is not None
 
     def _complete(self):
@@ -274,13 +284,13 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
     def _rebind(self):
         """After a shrink: nothing to rebind (the ring is rebuilt over the survivors)."""
 
-    def join(self):
+    def join(self) -> None:
         """See :class:`~mpigossip.membership.MeanJoin` (not with ``on_failure="continue"``)."""
         if self._exchange is not None:
             raise RuntimeError(f"{self._name}.join(): not with on_failure='continue'")
         super().join()
 
-    def free(self):
+    def free(self) -> None:
         if not self.closed:
             self._complete()
             if self._exchange is not None and not self.failures:

@@ -11,11 +11,21 @@ symmetric ``W`` (Metropolis-Hastings or lazy weights); a directed regular graph
 (``ExponentialGraph``) is doubly stochastic too and is accepted.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from . import buffers, failures
 from . import topology as topo_mod
 from ._base import Communicator, check_chunk_bytes, step_tag
 from ._pipeline import Pipeline, bind_mixing
 from ._tolerant import PersistentExchange, Survives
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .hints import Buffer
+    from .topology import Topology
 
 
 class DPSGD(Survives, Communicator):
@@ -42,8 +52,10 @@ class DPSGD(Survives, Communicator):
     _name = "DPSGD"
     _renamed = {"step_count": "steps"}
 
-    def __init__(self, x, *, comm, topology=None, timeout=None, cuda_aware=None, stage=None,
-                 chunk_bytes=4 << 20, slots=2, wire=None, on_failure="abort"):
+    def __init__(self, x: Buffer, *, comm: MPI.Intracomm, topology: Topology | None = None,
+                 timeout: float | None = None, cuda_aware: bool | None = None, stage: bool | None = None,
+                 chunk_bytes: int = 4 << 20, slots: int = 2, wire: str | None = None,
+                 on_failure: str = "abort") -> None:
         super().__init__(comm, timeout)
         error = check_chunk_bytes(chunk_bytes) or failures.check_on_failure(on_failure, wire)
         try:
@@ -56,7 +68,8 @@ class DPSGD(Survives, Communicator):
                                                            "on_failure": on_failure}, wire=wire)
         self.wire = wire
         self.steps = 0
-        self.members, self.failures = list(range(self.size)), []
+        self.members = list(range(self.size))
+        self.failures: list[Any] = []
         self._stage, self._cuda_aware = stage, cuda_aware
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
@@ -78,7 +91,7 @@ class DPSGD(Survives, Communicator):
         weights = [self.topology.mixing_weights(src, k)[1][self.rank] for src in ins]
         return self_weight, sorted(out_weights), ins, weights
 
-    def step(self):
+    def step(self) -> None:
         """One averaging round with this step's neighbours (collective over the graph)."""
         self._check_open()
         if self._exchange is not None:
@@ -90,7 +103,7 @@ class DPSGD(Survives, Communicator):
         self.buffer.release()
         self.steps += 1
 
-    def free(self):
+    def free(self) -> None:
         """Release the communicator (and the persistent requests, if no failure was met)."""
         if not self.closed and self._exchange is not None and not self.failures:
             self._exchange.free()

@@ -1,7 +1,10 @@
 """Workers of the parameter server: Elastic Averaging SGD and asynchronous (Downpour) SGD."""
 
+from __future__ import annotations
+
 import numbers
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,6 +14,9 @@ from ._checks import check_integer
 from ._registry import OPTION_DEFAULTS
 from .periodic import new_with_tau
 from .server import ParameterServer
+
+if TYPE_CHECKING:
+    from .hints import Buffer
 
 
 def _check_worker(x, server, name):
@@ -28,9 +34,12 @@ class _Worker(Steps):
     Their steps are one-sided: no collective, no message in flight afterwards."""
 
     _closed = False
+    server: ParameterServer
+    buffer: Any   # a buffers.Buffer
+    _center: Any = None
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closed or self.server.closed
 
     def _check_open(self):
@@ -38,7 +47,7 @@ class _Worker(Steps):
             raise RuntimeError(f"{self._name} has been freed")
         self.server._check_open()
 
-    def free(self):
+    def free(self) -> None:
         self._center = None
         self._closed = True
 
@@ -70,12 +79,14 @@ class ElasticAveraging(_Worker):
     """
 
     _name = "ElasticAveraging"
+    alpha: float
     _renamed = {"calls": "steps", "exchanges": "steps"}  # deprecated (one counter: steps)
 
     def __new__(cls, *args, tau=1, **kwargs):
         return new_with_tau(cls, super(), args, kwargs, tau)
 
-    def __init__(self, x, server, *, beta=OPTION_DEFAULTS["beta"], tau=1, workers=None):
+    def __init__(self, x: Buffer, server: ParameterServer, *, beta: float = OPTION_DEFAULTS["beta"], tau: int = 1,
+                 workers: int | None = None) -> None:
         if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 < beta <= 1:
             raise ValueError(f"ElasticAveraging: beta must be in (0, 1], got {beta!r}")
         check_integer(tau, "tau", 1, owner="ElasticAveraging")
@@ -88,7 +99,7 @@ class ElasticAveraging(_Worker):
         self._center = buffers.scratch(self.buffer)  # pulled center, then u, in place
         self.steps = 0
 
-    def step(self):
+    def step(self) -> None:
         """The elastic exchange: pull the center, move both toward each other by
         ``alpha * (x - center)``."""
         self._check_open()
@@ -139,8 +150,11 @@ class AsyncSGD(_Worker):
     """
 
     _name = "AsyncSGD"
+    share: float
+    _pulled: Any   # buffers.Buffer scratch
+    _delta: Any
 
-    def __init__(self, x, server, *, share=1.0):
+    def __init__(self, x: Buffer, server: ParameterServer, *, share: float = 1.0) -> None:
         if isinstance(share, bool) or not isinstance(share, numbers.Real) or not 0 < share <= 1:
             raise ValueError(f"AsyncSGD: share must be in (0, 1], got {share!r}")
         self.buffer = _check_worker(x, server, "AsyncSGD")
@@ -152,7 +166,7 @@ class AsyncSGD(_Worker):
         self.buffer.release()
         self.steps = 0
 
-    def step(self, delta=None):
+    def step(self, delta: Buffer | None = None) -> None:
         """``center += share * (x - x_pulled)``, then ``x = center``. (``step(delta)``, deprecated:
         push ``delta`` itself.)"""
         self._check_open()
@@ -191,7 +205,7 @@ class AsyncSGD(_Worker):
         kernels.weighted_sum(self._pulled.array, self.buffer.array, 1.0)
         self.buffer.release()
 
-    def free(self):
+    def free(self) -> None:
         self._pulled = self._delta = None
         super().free()
 

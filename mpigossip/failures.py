@@ -25,17 +25,23 @@ turns them off (:data:`mpigossip.launcher.FAULT_TOLERANT_DEFAULTS`; by hand: ``m
 ulfm --mca coll ^han``).
 """
 
+from __future__ import annotations
+
 import contextlib
 import faulthandler
 import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
 from . import deadline
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
 #: Error classes that mean "a peer failed" (or another survivor revoked the communicator).
 FAILED = frozenset(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
@@ -43,27 +49,27 @@ FAILED = frozenset(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED
 #: The values of ``on_failure=``.
 CHOICES = ("abort", "continue")
 
-_kept = []  # revoked communicators and their persistent requests: never freed (see the module)
+_kept: list[Any] = []  # revoked communicators and their persistent requests: never freed (see the module)
 _seen = [False]
 
 
 class PeerFailure(RuntimeError):
     """A peer of a communicator failed, or another survivor revoked it (ULFM)."""
 
-    def __init__(self, op, error_class):
+    def __init__(self, op: str, error_class: int) -> None:
         self.op, self.error_class = op, error_class
         name = {getattr(MPI, n, None): n for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")}
         super().__init__(f"{op}: {name.get(error_class, error_class)}")
 
 
-def enabled(environ=None):
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process was launched with ULFM on (Open MPI's ``--with-ft ulfm`` sets
     ``OMPI_MCA_mpi_ft_enable``); without it a failed rank ends the job."""
     value = (os.environ if environ is None else environ).get("OMPI_MCA_mpi_ft_enable", "")
     return value.strip().lower() in ("1", "true", "yes", "on", "enabled")
 
 
-def check_on_failure(value, wire=None):
+def check_on_failure(value: object, wire: str | None = None) -> str | None:
     """The problem with an ``on_failure=`` argument (and the ``wire=`` beside it: the tolerant
     paths move the buffer's own dtype), or None."""
     if value not in CHOICES:
@@ -73,7 +79,7 @@ def check_on_failure(value, wire=None):
     return None
 
 
-def seen():
+def seen() -> bool:
     """Whether this process has recovered from a failure (then it must end with :func:`exit`)."""
     return _seen[0]
 
@@ -95,7 +101,7 @@ CHUNK_ENV = "MPIGOSSIP_CHUNK_BYTES"
 _HEADERS = 4 << 10  # room left under the eager limit for the messages' headers
 
 
-def chunk_bytes(environ=None):
+def chunk_bytes(environ: Mapping[str, str] | None = None) -> int:
     """The most bytes a fault-tolerant path sends in one message: ``$MPIGOSSIP_CHUNK_BYTES``,
     else Open MPI's TCP eager limit (``OMPI_MCA_btl_tcp_eager_limit``; 64 KiB unless set; the
     fault-tolerant launch sets 4 MiB) less 4 KiB of headers. Every piece then goes eagerly: a
@@ -111,7 +117,7 @@ def chunk_bytes(environ=None):
     return max(limit - _HEADERS, 4096)
 
 
-def pieces(spec, limit=None):
+def pieces(spec: list[Any], limit: int | None = None) -> list[list[Any]]:
     """An MPI spec ``[memory, datatype]`` (``memory`` a 1-D array) as consecutive specs of at
     most ``limit`` bytes (default :func:`chunk_bytes`)."""
     memory, datatype = spec
@@ -122,18 +128,18 @@ def pieces(spec, limit=None):
     return [[memory[lo:lo + per], datatype] for lo in range(0, n, per)]
 
 
-def send_init(comm, spec, dest, tag):
+def send_init(comm: MPI.Intracomm, spec: list[Any], dest: int, tag: int) -> list[MPI.Prequest]:
     """Persistent sends of ``spec`` in :func:`pieces`, all with ``tag``: start them with
     :func:`start` (in order), and the receiver's :func:`recv_init` in the same order."""
     return [comm.Send_init(piece, dest=dest, tag=tag) for piece in pieces(spec)]
 
 
-def recv_init(comm, spec, source, tag):
+def recv_init(comm: MPI.Intracomm, spec: list[Any], source: int, tag: int) -> list[MPI.Prequest]:
     """Persistent receives of ``spec`` in :func:`pieces` (see :func:`send_init`)."""
     return [comm.Recv_init(piece, source=source, tag=tag) for piece in pieces(spec)]
 
 
-def start(requests):
+def start(requests: Sequence[MPI.Prequest]) -> None:
     """Start persistent requests one by one, in order. The pieces of a message share a tag, and
     MPI matches the messages of one tag between two ranks in the order they are started
     (``MPI_Startall`` starts them in an unspecified order)."""
@@ -156,24 +162,24 @@ class Message:
 
     __slots__ = ("requests", "_done", "error_class")
 
-    def __init__(self, requests=()):
-        self.requests = list(requests)
+    def __init__(self, requests: Sequence[MPI.Request] = ()) -> None:
+        self.requests: list[Any] = list(requests)
         self._done = [False] * len(self.requests)
-        self.error_class = None  # the error class of the first request that failed
+        self.error_class: int | None = None  # the error class of the first request that failed
 
-    def start(self):
+    def start(self) -> None:
         """Start the (persistent) requests and forget the outcomes of their last use."""
         self._done = [False] * len(self.requests)
         self.error_class = None
         start(self.requests)
 
     @property
-    def failed(self):
+    def failed(self) -> bool:
         """Whether a request of this message completed in error (a peer failed, or the
         communicator was revoked)."""
         return self.error_class is not None
 
-    def test(self, op):
+    def test(self, op: str) -> bool:
         """Test the requests not yet complete: whether all have completed; raises
         :class:`PeerFailure` if one completed in error (now or before: the outcome is kept)."""
         if self.error_class is not None:
@@ -192,7 +198,7 @@ class Message:
                 raise
         return all(self._done)
 
-    def arrived(self):
+    def arrived(self) -> bool:
         """After a failure: whether every request completed without error (tested once more
         now; False if one is still pending or completed in error)."""
         try:
@@ -200,7 +206,7 @@ class Message:
         except PeerFailure:
             return False
 
-    def pending(self):
+    def pending(self) -> list[int]:
         """The indices of the requests not yet complete."""
         return [i for i, done in enumerate(self._done) if not done]
 
@@ -214,27 +220,28 @@ class Alarm:
     what they tell each other) and receives what survivors had sent each other on the
     communicator that failed, still open between live ranks, before revoking that one."""
 
-    def __init__(self, comm, op):
+    def __init__(self, comm: MPI.Intracomm, op: str) -> None:
         with raised_as_failure(f"{op} (alarm)"):
             self.comm = comm.Dup()
             self.comm.Set_errhandler(MPI.ERRORS_RETURN)
             self._buf = np.zeros(1, dtype=np.uint8)
             self._ping = Message([self.comm.Irecv(self._buf, source=MPI.ANY_SOURCE, tag=0)])
 
-    def watch(self, op):
+    def watch(self, op: str) -> None:
         """Raise :class:`PeerFailure` if a rank has failed or a survivor sounded the alarm."""
         # twice: a test makes MPI progress, which may mark the receive as failed only then
         self._ping.test(op)
         self._ping.test(op)
 
-    def sound(self):
+    def sound(self) -> None:
         """Revoke the duplicate: every survivor's next :meth:`watch` raises."""
         try:
             self.comm.Revoke()
         except MPI.Exception:   # another survivor revoked it already
             pass
 
-    def quiesce(self, step, share, receive, *, timeout, op):
+    def quiesce(self, step: int, share: Any, receive: Callable[[dict[int, Any], set[int]], None], *, timeout: float,
+                op: str) -> None:
         """After a failure, before the communicator the messages travel on is revoked (every
         survivor calls it): sound the alarm, shrink it (the survivors agree who they are and
         tell each other ``share``), then ``receive(shared, gone)`` (``shared``: each survivor's
@@ -250,11 +257,11 @@ class Alarm:
             pass
         agree(rec.comm, True, timeout=timeout, op=f"{op} (received)")
 
-    def keep(self):
+    def keep(self) -> None:
         """After a failure: kept to the end of the process, never freed (see the module)."""
         keep(self.comm, self._buf, *self._ping.requests)
 
-    def free(self):
+    def free(self) -> None:
         """No failure was met: cancel the receive and free the duplicate."""
         for r in self._ping.requests:
             r.Cancel()
@@ -262,7 +269,8 @@ class Alarm:
         self.comm.Free()
 
 
-def wait(requests, *, comm, timeout, op, peer=None, alarm=None):
+def wait(requests: Message | Sequence[MPI.Request], *, comm: MPI.Intracomm, timeout: float, op: str, peer: Any = None,
+         alarm: Alarm | None = None) -> None:
     """:func:`mpigossip.deadline.wait` of ``requests`` (a :class:`Message`, or a list of
     requests: persistent ones, whose completion in error must not free them) that raises
     :class:`PeerFailure` when a peer has failed or the communicator was revoked (or ``alarm``,
@@ -278,7 +286,7 @@ def wait(requests, *, comm, timeout, op, peer=None, alarm=None):
                         peer=(lambda: peer(message.pending())) if callable(peer) else peer)
 
 
-def test(requests, op):
+def test(requests: Sequence[MPI.Request], op: str) -> bool:
     """``MPI_Testall`` of ``requests`` that complete or fail as one (a collective's request):
     whether all have completed; raises :class:`PeerFailure` when a peer has failed or the
     communicator was revoked. Requests whose outcomes matter one by one (a message's parts,
@@ -294,7 +302,7 @@ def test(requests, op):
 
 
 @contextlib.contextmanager
-def raised_as_failure(op):
+def raised_as_failure(op: str) -> Iterator[None]:
     """MPI calls inside (making or starting requests) that fail because a peer failed or the
     communicator was revoked raise :class:`PeerFailure` instead of ``MPI.Exception``."""
     try:
@@ -305,7 +313,7 @@ def raised_as_failure(op):
         raise
 
 
-def keep(*objects):
+def keep(*objects: Any) -> None:
     """Keep MPI objects of a failed communicator (its persistent requests) alive to the end
     of the process: freeing them may end the job (see the module)."""
     _kept.extend(objects)
@@ -324,9 +332,11 @@ class Recovery:
         seconds: how long the revoke, the shrink and the agreement took.
     """
 
-    def __init__(self, comm, lost, step, seconds, shared=None, survivors=None):
-        self.comm, self.lost, self.step, self.seconds, self.shared = comm, lost, step, seconds, shared
-        self.survivors = survivors
+    def __init__(self, comm: MPI.Comm, lost: list[int], step: int, seconds: float, shared: list[Any] | None = None,
+                 survivors: list[int] | None = None) -> None:
+        self.comm, self.lost, self.step, self.seconds = comm, lost, step, seconds
+        self.shared = shared if shared is not None else []
+        self.survivors = survivors if survivors is not None else []
 
     def __repr__(self):
         return f"<Recovery lost={self.lost} size={self.comm.Get_size()} step={self.step} {self.seconds:.3f} s>"
@@ -337,7 +347,7 @@ class Recovery:
 CRASH_IN_RECOVERY = "MPIGOSSIP_CRASH_IN_RECOVERY"
 
 
-def shrink(comm, step, *, timeout, op, share=None):
+def shrink(comm: MPI.Comm, step: int, *, timeout: float, op: str, share: Any = None) -> Recovery:
     """Collective over the survivors of ``comm``: revoke it, shrink it to the survivors, and
     exchange what the recovery needs: the step (the largest ``step`` passed: a survivor whose
     exchanges with live peers completed may be ahead of one that met the failure) and each
@@ -373,12 +383,13 @@ def shrink(comm, step, *, timeout, op, share=None):
                 raise
         _crash_hook()
         if agree(new, gathered is not None, timeout=timeout, op=op):
+            assert gathered is not None   # this rank agreed with True
             return Recovery(new, sorted(lost), max(g[0] for g in gathered), time.monotonic() - start,
                             [g[1] for g in gathered], survivors=original)
         comm = new   # some survivor's exchange failed: shrink again, every survivor alike
 
 
-def agree(comm, ok, *, timeout, op):
+def agree(comm: MPI.Comm, ok: bool, *, timeout: float, op: str) -> bool:
     """``MPI_Comm_agree`` of ``ok`` over the live ranks of ``comm``: True if it was true on
     every one of them and none failed before contributing (the same answer on every survivor)."""
     try:
@@ -396,7 +407,7 @@ def _crash_hook():
         os.kill(os.getpid(), 9)
 
 
-def agree_failed(comm, failed, *, timeout, op):
+def agree_failed(comm: MPI.Comm, failed: bool, *, timeout: float, op: str) -> bool:
     """Collective over the live ranks of ``comm``, revoked or not (ULFM's ``MPI_Comm_agree``):
     whether any of them met a failure (``failed``), or a rank failed before contributing. The
     answer is the same on every survivor, so that all recover at the same step even when some
@@ -430,7 +441,7 @@ def _deadline(seconds, message):
         timer.cancel()
 
 
-def exit(code=0):
+def exit(code: int = 0) -> None:
     """End this process without ``MPI_Finalize`` (after a failure the survivors hang in it
     over TCP): flush the output and leave at once. Call it at the end of a program that set
     ``on_failure="continue"`` where :func:`seen` is true; elsewhere a normal exit is fine."""

@@ -17,6 +17,10 @@ persistent requests, the schedule redrawn over the survivors from the same seed)
 cannot (Open MPI's fault tolerance does not cover one-sided windows).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from mpi4py import MPI
 
@@ -27,6 +31,10 @@ from ._base import Communicator, step_tag
 from ._checks import check_integer
 from ._tolerant import PersistentExchange, Survives
 from .periodic import new_with_tau
+
+if TYPE_CHECKING:
+    from .hints import Buffer
+    from .topology import Topology
 
 MODES = ("pull", "push")
 
@@ -64,8 +72,9 @@ class Gossip(Survives, Communicator):
             return "Gossip between nodes must use mode='push' (a pull window cannot live in shared memory slices)"
         return None
 
-    def __init__(self, x, *, comm, mode="pull", seed=0, tau=1, topology=None, timeout=None,
-                 cuda_aware=None, stage=None, wire=None, on_failure="abort"):
+    def __init__(self, x: Buffer, *, comm: MPI.Intracomm, mode: str = "pull", seed: int = 0, tau: int = 1,
+                 topology: Topology | None = None, timeout: float | None = None, cuda_aware: bool | None = None,
+                 stage: bool | None = None, wire: str | None = None, on_failure: str = "abort") -> None:
         super().__init__(comm, timeout)
         error = failures.check_on_failure(on_failure, wire)
         if error is None and on_failure == "continue" and mode == "pull":
@@ -92,12 +101,13 @@ class Gossip(Survives, Communicator):
         self._send = None  # wire bytes of x (push with a wire format)
         self.mode, self.seed = mode, seed
         self.steps = 0
-        self.last_peers = []
+        self.last_peers: list[int] = []
         self._stage, self._cuda_aware = stage, cuda_aware
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
-        self._recv = []
+        self._recv: list[Any] = []
         self.win = None
-        self.members, self.failures = list(range(self.size)), []
+        self.members = list(range(self.size))
+        self.failures: list[Any] = []
         if mode == "pull":
             self._open_window()
         self._tolerate(on_failure, lambda: PersistentExchange(self, weighted=False))
@@ -139,7 +149,7 @@ class Gossip(Survives, Communicator):
             self._recv.append(self._message())
         return self._recv[index]
 
-    def step(self):
+    def step(self) -> None:
         """One gossip round (collective only in push mode, where receivers wait for senders)."""
         self._check_open()
         if self._exchange is not None:
@@ -206,7 +216,7 @@ class Gossip(Survives, Communicator):
             self._code.decode_sum(self.buffer.array, self.buffer.array, own, recvs, weights)
         self.buffer.release()
 
-    def free(self):
+    def free(self) -> None:
         """Release the window and communicator (collective), and the persistent requests if no
         failure was met."""
         if not self.closed and self._exchange is not None and not self.failures:

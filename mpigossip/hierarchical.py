@@ -14,6 +14,10 @@ see :mod:`mpigossip.node`). With :class:`~mpigossip.pushsum.PushSum` between nod
 every rank of a node (every slice sees the same graph and weights): :attr:`weight`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from mpi4py import MPI
 
@@ -21,6 +25,12 @@ from . import deadline
 from ._base import Communicator
 from ._checks import check_integer
 from .node import NodeMean
+
+if TYPE_CHECKING:
+
+    from numpy.typing import DTypeLike
+
+    from .hints import Buffer
 
 
 class Hierarchical(Communicator):
@@ -40,7 +50,8 @@ class Hierarchical(Communicator):
 
     _name = "Hierarchical"
 
-    def __init__(self, x, *, comm, inter=None, node_size=None, timeout=None, _allocate=None, **options):
+    def __init__(self, x: Buffer, *, comm: MPI.Intracomm, inter: Any = None, node_size: int | None = None,
+                 timeout: float | None = None, _allocate: tuple[int, np.dtype] | None = None, **options: Any) -> None:
         super().__init__(comm, timeout)
         error = None
         if inter is not None and not (isinstance(inter, type) and issubclass(inter, Communicator)):
@@ -69,7 +80,7 @@ class Hierarchical(Communicator):
         self.nodes = self.size // self.node.local_size
         # Local rank r of every node, ordered by node (their world ranks' order).
         self.across = self.comm.Split(self.node.local_rank, key=self.rank)
-        self.inter = None
+        self.inter: Any = None
         if inter is not None:
             try:
                 self.inter = inter(self.node.part, comm=self.across, timeout=self.timeout, **options)
@@ -81,7 +92,8 @@ class Hierarchical(Communicator):
         self.steps = 0
 
     @classmethod
-    def allocate(cls, size, dtype, *, comm, inter=None, node_size=None, timeout=None, **options):
+    def allocate(cls, size: int, dtype: DTypeLike, *, comm: MPI.Intracomm, inter: Any = None,
+                 node_size: int | None = None, timeout: float | None = None, **options: Any) -> Hierarchical:
         """Hierarchical averaging whose buffer is this rank's segment of the node's shared
         window, :attr:`array` (zeros; valid until :meth:`free`): no copy in or out (collective)."""
         check_integer(size, "size", 1)
@@ -89,7 +101,7 @@ class Hierarchical(Communicator):
                    _allocate=(size, np.dtype(dtype)), **options)
 
     @property
-    def array(self):
+    def array(self) -> Buffer:
         """The buffer averaged (the shared segment after :meth:`allocate`)."""
         return self.buffer.array
 
@@ -97,15 +109,15 @@ class Hierarchical(Communicator):
     _state_keys = ("inter",)
 
     @property
-    def weight(self):
+    def weight(self) -> float:
         """The PushSum weight of this node (1.0 without PushSum between nodes)."""
         return getattr(self.inter, "weight", 1.0)
 
     @weight.setter
-    def weight(self, value):
+    def weight(self, value: float) -> None:
         self.inter.weight = float(value)
 
-    def step(self):
+    def step(self) -> None:
         """Node mean, one inter-node round on this rank's slice, gather (collective)."""
         self._check_open()
         self.node.reduce()
@@ -114,14 +126,14 @@ class Hierarchical(Communicator):
         self.node.gather()
         self.steps += 1
 
-    def drain(self):
+    def drain(self) -> None:
         """The inter-node communicator's :meth:`drain`."""
         self._check_open()
         if self.inter is not None:
             self.inter.drain()
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> bool:
         return self.inter is not None and not self.inter.closed and self.inter.in_flight
 
     def _state(self):
@@ -131,7 +143,7 @@ class Hierarchical(Communicator):
         if self.inter is not None:
             self.inter.load_state_dict(state["inter"])
 
-    def free(self):
+    def free(self) -> None:
         """Collective: release the inter-node communicator, the window and communicators."""
         if self.closed:
             return

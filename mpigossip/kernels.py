@@ -2,9 +2,11 @@
 
 Each function takes 1-D contiguous arrays of one module and dtype. On the GPU each is
 one pass of a fused CUDA kernel (``cuda/kernels.cu``, compiled once per process with
-CuPy's NVRTC); on the CPU it is a few in-place numpy ufunc calls with ``out=``, run block
-by block so that each block stays in cache (one pass over memory, no temporaries). Receive buffers passed to :func:`weighted_sum` are scratch: the
-CPU path may scale them in place.
+CuPy's NVRTC, with ``--fmad=false``: no multiply and add contracted into one fused
+multiply-add, so every operation rounds as numpy's does and a CPU rank and a GPU rank compute
+alike); on the CPU it is a few in-place numpy ufunc calls with ``out=``, run block by block so
+that each block stays in cache (one pass over memory, no temporaries). Receive buffers passed
+to :func:`weighted_sum` are scratch: the CPU path may scale them in place.
 """
 
 import functools
@@ -46,13 +48,18 @@ _BLOCK = 256
 _MAX_GRID = 65535
 
 
+#: NVRTC's options: no fused multiply-add (NVRTC contracts ``a - s * d`` into one by default,
+#: rounding once where numpy rounds twice: the kept error of a wire encode then differed).
+NVRTC_OPTIONS = ("--std=c++14", "--fmad=false")
+
+
 @functools.lru_cache(maxsize=None)
 def _function(device_id, expression):
     """The compiled kernel ``expression`` (e.g. ``"scale<float, 4>"``) on one device. Each
     instantiation is compiled on first use (CuPy keeps the binary in its disk cache)."""
     import cupy
     with cupy.cuda.Device(device_id):
-        module = cupy.RawModule(code=cuda_source(), options=("--std=c++14",), name_expressions=[expression])
+        module = cupy.RawModule(code=cuda_source(), options=NVRTC_OPTIONS, name_expressions=[expression])
         return module.get_function(expression)
 
 

@@ -20,6 +20,12 @@ A rank that fails instead (ULFM, ``on_failure="continue"``) goes through
 is lost, not handed off; ``members`` serves both.
 """
 
+# mypy: disable-error-code="attr-defined"
+# (a mix-in: the attributes it uses are its host class's)
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 from mpi4py import MPI
 
@@ -35,7 +41,7 @@ class Membership:
     completes it and returns the ranks that asked, the same list on every rank.
     """
 
-    def __init__(self, comm, *, timeout, op):
+    def __init__(self, comm: MPI.Intracomm, *, timeout: float, op: str) -> None:
         self.comm, self.timeout, self.op = comm, timeout, op
         self._flags = np.zeros(comm.Get_size(), dtype=np.uint8)
         self._request = None
@@ -150,7 +156,7 @@ class MeanJoin:
     _joined = False
     left = False
     _overlap = False
-    active = None  # ranks still training, once joined
+    active: Any = None  # ranks still training, once joined
 
     def join(self):
         """Collective: from now on a rank may :meth:`leave` (uneven data shards). Every rank
@@ -159,7 +165,7 @@ class MeanJoin:
         check_join(self.comm, self.steps, self._joined, timeout=self.timeout, op=f"{self._name}.join")
         self._joined, self.active = True, self.size
 
-    def leave(self):
+    def leave(self) -> None:
         """This rank has no more data: it shadows the others' averages until every rank has
         left. In each it adds zeros and receives the mean over the ranks still training (so its
         buffer follows theirs); the divisor is their number, not the world size. Averages the
@@ -204,7 +210,7 @@ class Join:
     a rank whose block ends (out of data) calls ``algo.leave()``. Ranks may leave at different
     steps; what leaving means is the communicator's (see the module)."""
 
-    def __init__(self, algo):
+    def __init__(self, algo: Any) -> None:
         if not callable(getattr(algo, "join", None)) or not callable(getattr(algo, "leave", None)):
             raise TypeError(f"Join needs a communicator with join() and leave(), got {type(algo).__name__}")
         self.algo = algo

@@ -18,12 +18,21 @@ Between the reduce and the gather the node mean of a rank's slice sits in shared
 (:class:`mpigossip.hierarchical.Hierarchical`).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 from mpi4py import MPI
 
 from . import buffers, deadline, kernels
 from ._base import Communicator, shard_bounds
 from ._checks import check_integer
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
+    from .hints import Buffer
 
 
 class NodeMean(Communicator):
@@ -42,7 +51,8 @@ class NodeMean(Communicator):
 
     _name = "NodeMean"
 
-    def __init__(self, x, *, comm, node_size=None, timeout=None, _allocate=None):
+    def __init__(self, x: Buffer, *, comm: MPI.Intracomm, node_size: int | None = None, timeout: float | None = None,
+                 _allocate: tuple[int, np.dtype] | None = None) -> None:
         super().__init__(comm, timeout)
         shared = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         error = None
@@ -63,7 +73,7 @@ class NodeMean(Communicator):
             shared.Free()
         self.local_rank, self.local_size = self.node.Get_rank(), self.node.Get_size()
         self.in_window = _allocate is not None
-        if self.in_window:
+        if _allocate is not None:
             x = np.zeros(_allocate[0], dtype=_allocate[1])  # stands for the segment in the checks
         try:
             self.buffer = buffers.check_buffer(x, comm=self.comm, op=self._name, name="x", timeout=self.timeout)
@@ -83,7 +93,7 @@ class NodeMean(Communicator):
         self.segments = []
         for r in range(self.local_size):
             memory, _ = self.win.Shared_query(r)
-            self.segments.append(np.frombuffer(memory, dtype=dtype)[:n])
+            self.segments.append(np.frombuffer(memory, dtype=dtype)[:n])  # type: ignore[call-overload]
         self.win.Lock_all()
         self.steps = 0
         if self.in_window:
@@ -91,7 +101,8 @@ class NodeMean(Communicator):
             self.buffer = buffers.as_buffer(self.segments[self.local_rank], name="x")
 
     @classmethod
-    def allocate(cls, size, dtype, *, comm, node_size=None, timeout=None):
+    def allocate(cls, size: int, dtype: DTypeLike, *, comm: MPI.Intracomm, node_size: int | None = None,
+                 timeout: float | None = None) -> NodeMean:
         """A node mean whose buffer is this rank's shared segment, :attr:`array` (zeros):
         compute on it in place, and :meth:`average` moves no extra copy (collective). The
         array is valid until :meth:`free`: copy out what must outlive it."""
@@ -99,12 +110,12 @@ class NodeMean(Communicator):
         return cls(None, comm=comm, node_size=node_size, timeout=timeout, _allocate=(int(size), np.dtype(dtype)))
 
     @property
-    def array(self):
+    def array(self) -> Buffer:
         """The buffer this node mean works on (the shared segment after :meth:`allocate`)."""
         return self.buffer.array
 
     @property
-    def part(self):
+    def part(self) -> np.ndarray:
         """This rank's slice of the node mean in shared memory (valid between :meth:`reduce`
         and :meth:`gather`): a contiguous numpy view that other communicators may update."""
         return self.segments[self.local_rank][self.lo:self.hi]
@@ -114,7 +125,7 @@ class NodeMean(Communicator):
         deadline.barrier(self.node, timeout=self.timeout, op=f"{self._name}.{what}")
         self.win.Sync()
 
-    def reduce(self):
+    def reduce(self) -> None:
         """Afterwards :attr:`part` holds the node mean of this rank's slice (collective per
         node). Until :meth:`gather`, only this rank reads or writes its slice of any segment."""
         self._check_open()
@@ -150,7 +161,7 @@ class NodeMean(Communicator):
             if r != self.local_rank:
                 np.copyto(s[lo:hi], self.segments[self.local_rank][lo:hi])
 
-    def gather(self):
+    def gather(self) -> None:
         """Every slice's value into every rank's buffer (collective per node); then the
         segments may be reused."""
         self._check_open()
@@ -170,11 +181,11 @@ class NodeMean(Communicator):
 
     _renamed = {"rounds": "steps"}
 
-    def step(self):
+    def step(self) -> None:
         """The node mean (:meth:`average`)."""
         self.average()
 
-    def average(self):
+    def average(self) -> None:
         """The node mean, in place in the buffer on every rank of the node (collective per
         node). In the window: one barrier, one pass (mean and copies of each block while it
         is in cache), one barrier."""
@@ -188,7 +199,7 @@ class NodeMean(Communicator):
         self._barrier("average (done)")
         self.steps += 1
 
-    def free(self):
+    def free(self) -> None:
         """Collective: release the window and the communicators."""
         if self.closed:
             return

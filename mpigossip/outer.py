@@ -17,11 +17,18 @@ carries a weight ``w``) the model is ``x / w``: the pseudo-gradient uses it and 
 to ``w * anchor``, so the weights, and PushSum's Σw, are untouched.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from . import buffers, deadline, kernels
 from ._base import Steps
 from ._checks import check_integer
+
+if TYPE_CHECKING:
+    from .hints import Buffer
 
 #: The outer methods by name: (lr, momentum, nesterov) defaults.
 METHODS = {"localsgd": (1.0, 0.0, False), "slowmo": (1.0, 0.5, False), "diloco": (0.7, 0.9, True)}
@@ -107,8 +114,8 @@ class Outer(Steps):
     _counters = ("steps", "exchanges")
     _state_keys = ("anchor", "momentum", "inner")
 
-    def __init__(self, x, averager, *, inner_steps, method="localsgd", lr=None, momentum=None,
-                 nesterov=None, warmup=0):
+    def __init__(self, x: Buffer, averager: Any, *, inner_steps: int, method: str = "localsgd", lr: float | None = None,
+                 momentum: float | None = None, nesterov: bool | None = None, warmup: int = 0) -> None:
         if not isinstance(averager, Steps):
             raise TypeError(f"Outer: averager must be an averaging object (a communicator), got {averager!r}")
         error, chosen = None, None
@@ -121,8 +128,9 @@ class Outer(Steps):
             agree(comm, (error, chosen), getattr(averager, "timeout", deadline.default_timeout()), "Outer")
         elif error:
             raise ValueError(error)
+        assert chosen is not None   # else agree() raised
         self.method, self.inner_steps, self.lr, self.momentum, self.nesterov, self.warmup = chosen
-        self.averager = averager
+        self.averager: Any = averager
         self.buffer = buffers.as_buffer(x, name="x")
         self._anchor = buffers.scratch(self.buffer).array
         self._momentum = buffers.scratch(self.buffer).array
@@ -135,15 +143,15 @@ class Outer(Steps):
         self.exchanged = False  # whether the last step averaged
 
     @property
-    def plain(self):
+    def plain(self) -> bool:
         """Whether the outer step is plain averaging (the anchor becomes the average, exactly)."""
         return self.lr == 1.0 and self.momentum == 0.0
 
-    def due(self):
+    def due(self) -> bool:
         """Whether the next :meth:`step` averages."""
         return averages_at(self.steps + 1, self.inner_steps, self.warmup)
 
-    def step(self):
+    def step(self) -> None:
         """Count a local step; on an outer step, average and update the anchor (then
         ``exchanged`` is True until the next step)."""
         self._check_open()
@@ -159,15 +167,15 @@ class Outer(Steps):
         self.buffer.release()
         self.exchanges += 1
 
-    def drain(self):
+    def drain(self) -> None:
         self.averager.drain()
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> bool:
         return self.averager.in_flight
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self.averager.closed
 
     def _check_open(self):
@@ -187,7 +195,7 @@ class Outer(Steps):
             mine[...] = value
         self.averager.load_state_dict(state["inner"])
 
-    def free(self):
+    def free(self) -> None:
         self.averager.free()
 
     def __repr__(self):

@@ -1,7 +1,10 @@
 """Every k steps: one composable wrapper that makes any averaging object communicate on
 every ``k``-th step only (EASGD's and gossip's ``tau``, local SGD's averaging period)."""
 
+from __future__ import annotations
+
 import warnings
+from typing import Any
 
 from ._base import Steps
 from ._checks import check_integer
@@ -26,28 +29,29 @@ class Every(Steps):
     _renamed = {"calls": "steps", "rounds": "exchanges"}  # the names of the classes' old ``tau``
     _state_keys = ("inner",)
 
-    def __init__(self, inner, k):
+    def __init__(self, inner: Any, k: int) -> None:
         if not isinstance(inner, Steps):
             raise TypeError(f"Every: inner must be an averaging object (a communicator or a worker), got {inner!r}")
         check_integer(k, "k", 1, owner="Every")
-        self.inner, self.k = inner, k
+        self.inner: Any = inner
+        self.k = k
         self.steps = 0
         self.exchanged = False  # whether the last step ran inner's
         self._inner_started = False
 
     @property
-    def exchanges(self):
+    def exchanges(self) -> int:
         """Steps that communicated."""
         return self.inner.steps
 
     @exchanges.setter
-    def exchanges(self, value):
+    def exchanges(self, value: int) -> None:
         self.inner.steps = int(value)
 
     def _due(self):
         return (self.steps + 1) % self.k == 0
 
-    def step(self):
+    def step(self) -> None:
         """Count a step; on every ``k``-th, run ``inner.step()`` (then ``exchanged`` is True
         until the next step)."""
         self._check_open()
@@ -56,7 +60,7 @@ class Every(Steps):
         if self.exchanged:
             self.inner.step()
 
-    def start(self):
+    def start(self) -> None:
         self._check_open()
         if self._inner_started:
             raise RuntimeError("Every.start(): call finish() before the next start()")
@@ -65,22 +69,22 @@ class Every(Steps):
             self.inner.start()
             self._inner_started = True
 
-    def finish(self):
+    def finish(self) -> None:
         self._check_open()
         if self._inner_started:
             self.inner.finish()
             self._inner_started = False
         self.steps += 1
 
-    def drain(self):
+    def drain(self) -> None:
         self.inner.drain()
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> bool:
         return self._inner_started or self.inner.in_flight
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self.inner.closed
 
     def _check_open(self):
@@ -92,7 +96,7 @@ class Every(Steps):
     def _load_state(self, state):
         self.inner.load_state_dict(state["inner"])
 
-    def free(self):
+    def free(self) -> None:
         self.inner.free()
 
     def __getattr__(self, name):

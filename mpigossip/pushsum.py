@@ -20,6 +20,10 @@ Two modes:
   step boundaries; there is no background thread.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from mpi4py import MPI
 
@@ -32,6 +36,10 @@ from ._registry import OPTION_DEFAULTS
 from ._tolerant import PersistentExchange
 from ._tolerant_overlap import PersistentOverlap
 from .agp import AsyncPushSum
+
+if TYPE_CHECKING:
+    from .hints import Buffer
+    from .topology import Topology
 
 
 def _tag(step, weight=False):
@@ -50,7 +58,7 @@ class _Message:
 
     __slots__ = ("step", "src", "slot", "wbuf", "requests", "factor")
 
-    def __init__(self, step, src, slot, wbuf, requests, factor):
+    def __init__(self, step: int, src: Any, slot: Any, wbuf: Any, requests: Any, factor: Any) -> None:
         self.step, self.src, self.slot, self.wbuf, self.requests = step, src, slot, wbuf, requests
         self.factor = factor  # scales (x, w) as received: 1 if the sender scaled them already
 
@@ -100,8 +108,11 @@ class PushSum(PushSumBase):
             return AsyncPushSum(*args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, x, *, comm, topology=None, max_delay=OPTION_DEFAULTS["max_delay"], weight=1.0, z=None, timeout=None,
-                 cuda_aware=None, stage=None, chunk_bytes=4 << 20, slots=2, wire=None, on_failure="abort"):
+    def __init__(self, x: Buffer, *, comm: MPI.Intracomm, topology: Topology | None = None,
+                 max_delay: int | None = OPTION_DEFAULTS["max_delay"], weight: float = 1.0, z: Buffer | None = None,
+                 timeout: float | None = None, cuda_aware: bool | None = None, stage: bool | None = None,
+                 chunk_bytes: int = 4 << 20, slots: int = 2, wire: str | None = None,
+                 on_failure: str = "abort") -> None:
         def check():
             check_integer(max_delay, "max_delay", 0, allow_none=True)  # None: AsyncPushSum (__new__)
             if max_delay >= tag_period(2) - 1:
@@ -111,7 +122,7 @@ class PushSum(PushSumBase):
         super().__init__(x, comm=comm, topology=topology, weight=weight, timeout=timeout, cuda_aware=cuda_aware,
                          stage=stage, slots=slots, z=z, wire=wire, check=check,
                          same={"chunk_bytes": chunk_bytes, "slots": slots, "on_failure": on_failure})
-        self.max_delay = max_delay
+        self.max_delay: int = max_delay  # type: ignore[assignment]  # never None here: __new__
         self._tolerate(on_failure, lambda: PersistentExchange(self))
         if self._exchange is not None:  # Σw now, against which a failure's loss is reported
             self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
@@ -119,13 +130,13 @@ class PushSum(PushSumBase):
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
                                   cuda_aware=cuda_aware, wire=wire)
-        self._recv = []        # overlap: full-size receive Transports (scratch), grown on demand
-        self._recv_free = []   # indices of free receive slots (overlap mode)
-        self._send = []        # overlap: send Transports
-        self._send_free = []
-        self._sends = []       # overlap: (slot, requests, wbuf) of sends in flight
-        self._pending = []     # overlap: _Message list, oldest first
-        self._consumed = []    # overlap: messages arrived and not yet combined
+        self._recv: list[Any] = []        # overlap: full-size receive Transports (scratch), grown on demand
+        self._recv_free: list[Any] = []   # indices of free receive slots (overlap mode)
+        self._send: list[Any] = []        # overlap: send Transports
+        self._send_free: list[Any] = []
+        self._sends: list[Any] = []       # overlap: (slot, requests, wbuf) of sends in flight
+        self._pending: list[Any] = []     # overlap: _Message list, oldest first
+        self._consumed: list[Any] = []    # overlap: messages arrived and not yet combined
         self._overlap = False  # whether the last step was start()/finish() (leave() steps the same way)
         self._overlap_exchange = None  # on_failure="continue": overlap mode's PersistentOverlap
         self._counted = False  # (continue) this start()'s step already counts: its finish() only ends it
@@ -137,13 +148,13 @@ class PushSum(PushSumBase):
         return self._recv[index]
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> bool:
         """Whether any overlap-mode message is still pending or unsent."""
         tolerant = self._overlap_exchange is not None and self._overlap_exchange.in_flight
         return bool(self._pending or self._consumed or self._sends or self._started or tolerant)
 
     # ------------------------------------------------------------------ synchronous
-    def step(self):
+    def step(self) -> None:
         """One synchronous PushSum round along this step's out-peers (see
         :mod:`mpigossip._pipeline`: chunked, zero-copy sends, each chunk combined as it
         arrives). Every wait has the deadline and names the peers it waits for.
@@ -196,7 +207,7 @@ class PushSum(PushSumBase):
                              z=z, w=self.weight)
 
     # ------------------------------------------------------------------ overlap
-    def start(self):
+    def start(self) -> None:
         """Overlap mode: split off this step's share of (x, w) and post its sends and receives."""
         self._check_open()
         if self._started:
@@ -406,7 +417,7 @@ class PushSum(PushSumBase):
                 still.append(msg)
         self._pending = still
 
-    def finish(self):
+    def finish(self) -> None:
         """Overlap mode: add every message that has arrived; block only for those
         sent ``max_delay`` or more steps ago. Ends the step."""
         self._check_open()
@@ -434,7 +445,7 @@ class PushSum(PushSumBase):
         self._release()
         self._recv_free.extend(msg.slot for msg in msgs)
 
-    def drain(self):
+    def drain(self) -> None:
         """Wait for every message in flight and add it (overlap mode), so that (x, w)
         hold all the mass. Every rank must have run the same number of steps."""
         self._check_open()
@@ -457,7 +468,7 @@ class PushSum(PushSumBase):
         if self.in_flight:
             self.drain()
 
-    def leave(self):
+    def leave(self) -> None:
         """Drop out (after :meth:`join` on every rank; e.g. out of data): this rank asks to
         leave in the next step, mixes in it as usual (the others learn of it only at its
         end), then at the step after hands its whole ``(x, w)`` to one survivor and takes no
@@ -476,7 +487,7 @@ class PushSum(PushSumBase):
             else:
                 self.step()
 
-    def ask_leave(self):
+    def ask_leave(self) -> None:
         """Ask to leave in the next step, without stepping: for a caller that steps several
         PushSums together (a model's parameter groups) and keeps stepping them until ``left``
         (:meth:`leave` is this, then the steps)."""
@@ -493,7 +504,7 @@ class PushSum(PushSumBase):
         if self._members is not None:  # joined and never left: the last step's flags, posted by every rank
             self._members.complete()
 
-    def free(self):
+    def free(self) -> None:
         """Drain what is in flight, then release the communicator (collective)."""
         if not self.closed:
             self._complete()

@@ -23,7 +23,10 @@ target progresses only inside MPI calls (MPICH, ``Win.Create``) a dedicated serv
 :meth:`serve` loop provides them.
 """
 
+from __future__ import annotations
+
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
@@ -31,6 +34,13 @@ from mpi4py import MPI
 from . import buffers, deadline, kernels, rma
 from ._base import MPIObject, shard_bounds
 from ._checks import check_integer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from numpy.typing import DTypeLike
+
+    from .hints import Buffer
 
 
 class ParameterServer(MPIObject):
@@ -72,7 +82,8 @@ class ParameterServer(MPIObject):
             self.push(saved - current)
         deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.load_state_dict")
 
-    def __init__(self, size, dtype, *, comm, servers=1, init=None, atomicity=None, timeout=None):
+    def __init__(self, size: int, dtype: DTypeLike, *, comm: MPI.Intracomm, servers: int = 1,
+                 init: Buffer | None = None, atomicity: str | None = None, timeout: float | None = None) -> None:
         super().__init__(comm, timeout)
         error = None
         try:
@@ -130,7 +141,7 @@ class ParameterServer(MPIObject):
                              f"got {buf.size} x {buf.dtype}")
         return buf
 
-    def push(self, delta):
+    def push(self, delta: Buffer) -> None:
         """``center += delta``, atomically per element; visible to all once this returns."""
         self._check_open()
         buf = self._host(delta, "delta")
@@ -155,7 +166,7 @@ class ParameterServer(MPIObject):
                 self.win.Flush(s)
         self.pushes += 1
 
-    def update(self, fn):
+    def update(self, fn: Callable[..., Any]) -> None:
         """Read-modify-write of the center, shard by shard (one lock at a time, starting at
         this rank's own shard): ``fn(lo, hi, shard)``
         changes ``shard`` (a host array holding ``center[lo:hi]`` as read) in place, and the
@@ -201,7 +212,7 @@ class ParameterServer(MPIObject):
             server += [s] * len(posted)
         return requests, lambda pending: sorted({server[i] for i in pending})
 
-    def pull(self, out):
+    def pull(self, out: Buffer) -> Buffer:
         """Copy the current center into ``out`` (atomic per element)."""
         self._check_open()
         buf = self._host(out, "out")
@@ -222,7 +233,7 @@ class ParameterServer(MPIObject):
         self.pulls += 1
         return out
 
-    def serve(self, poll=1e-3):
+    def serve(self, poll: float = 1e-3) -> None:
         """Dedicated server ranks: stay in MPI (driving passive-target progress) until every
         rank has called :meth:`free`, then free. No deadline: a server waits for its workers."""
         self._check_open()
@@ -231,7 +242,7 @@ class ParameterServer(MPIObject):
             time.sleep(poll)
         self._release()
 
-    def free(self):
+    def free(self) -> None:
         """Collective: wait (with deadline) for every rank, then release the window."""
         if self.closed:
             return

@@ -131,7 +131,12 @@ class Wire:
         key = random_key(self.seed, salt) if share else 0  # the step's key (stochastic rounding)
         for lo, hi in _blocks(x.size):
             xb, qb = x[lo:hi], words[lo:hi]
-            f = xb if as32 and scale == 1.0 else np.multiply(xb, scale, dtype=np.float32)
+            if scale == 1.0:
+                f = xb if as32 else xb.astype(np.float32)
+            elif as32:
+                f = np.multiply(xb, scale, dtype=np.float32)
+            else:  # scale * x in the buffer's precision, then one rounding to float32 (as the CUDA kernel)
+                f = np.multiply(xb, scale).astype(np.float32)
             finite = np.isfinite(f)
             bad = None if finite.all() else ~finite  # rare: NaN or inf in this block
             if self.format == "bf16":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one test command, in timed steps, each under its own limit (tests/steps.sh):
 #   serial: lint                       ruff (pyflakes, pycodestyle, import order: pyproject.toml)
+#   serial: types                      mypy over the package (settings: pyproject.toml)
 #   serial: docs site                  Sphinx (guide pages and API reference), warnings as errors
 #   serial: units and small launches   pytest, in-process checks and short mpiexec launches
 #   serial: the wheel as users get it   sdist and wheel built, installed into a fresh venv, run (tests/wheel.sh)
@@ -18,14 +19,14 @@
 #   bash tests/run.sh                    # everything
 #   MPIGOSSIP_TEST_SIZES="2 4" bash tests/run.sh
 #   MPIGOSSIP_CLUSTER_TESTS=0 bash tests/run.sh   # without the emulated-cluster part
-#   MPIGOSSIP_TEST_STEPS="units mpi" bash tests/run.sh   # some steps: lint docs units wheel faults train reproduce slurm mpi cluster
+#   MPIGOSSIP_TEST_STEPS="units mpi" bash tests/run.sh   # some steps: lint types docs units wheel faults train reproduce slurm mpi cluster
 #   MPIGOSSIP_TEST_SCALE=2 bash tests/run.sh      # every limit doubled (a slow or shared machine)
 #   PYTHON=/path/to/python bash tests/run.sh
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 SIZES=${MPIGOSSIP_TEST_SIZES:-}   # default below: 1 2 3 (odd, no power of two) 4 8 (two per core)
-STEPS=${MPIGOSSIP_TEST_STEPS:-"lint docs units wheel faults train reproduce slurm mpi cluster"}
+STEPS=${MPIGOSSIP_TEST_STEPS:-"lint types docs units wheel faults train reproduce slurm mpi cluster"}
 export MPIGOSSIP_TIMEOUT=${MPIGOSSIP_TIMEOUT:-60}   # deadline of every wait inside the tests
 export PYTHONUNBUFFERED=1
 if [ ! -x "$PY" ]; then
@@ -57,6 +58,7 @@ fi
 
 PYTEST=("$PY" -m pytest -q --color=no -p no:cacheprovider --strict-markers tests)
 wanted lint && step "serial: lint" 120 "$(dirname "$PY")/ruff" check mpigossip tests benchmarks examples
+wanted types && step "serial: types" 300 "$(dirname "$PY")/mypy"
 SITE=$(mktemp -d)
 wanted docs && step "serial: docs site" 300 "$PY" -m sphinx -E -W --keep-going -q -b html docs "$SITE"
 rm -rf "$SITE"

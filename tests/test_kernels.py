@@ -115,7 +115,7 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
     inst = "".join(f"(void*)&{e}, " for e in kernels.kernel_expressions() + wire.kernel_expressions())
     src = tmp_path / "check.cu"
     src.write_text(f'#include "{kernels.CUDA_SOURCE_PATH}"\nvoid* all_kernels[] = {{{inst}}};\n')
-    proc = subprocess.run(["nvcc", "--std=c++14", "-c", str(src), "-o", str(tmp_path / "check.o")],
+    proc = subprocess.run(["nvcc", *kernels.NVRTC_OPTIONS, "-c", str(src), "-o", str(tmp_path / "check.o")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
 
@@ -246,3 +246,32 @@ def test_cupy_wire_kernels_round_and_treat_non_finite_values_as_the_cpu(fmt, dty
     assert np.array_equal(db.get(), hb), "CPU and GPU encoded differently (random bits, scales or rounding)"
     step = np.nanmax(np.abs(np.where(bad, 0, x))) / 127 if fmt == "int8" else np.abs(np.where(bad, 0, x)) * 2.0 ** -7
     np.testing.assert_allclose(dd[~bad], hd[~bad], rtol=0, atol=(step if np.isscalar(step) else step[~bad]).max() * 1.01)
+
+
+@gpu
+@pytest.mark.parametrize("fmt", list(wire.FORMATS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("share, scale", [(0.3, 1.0), (0.0, 0.3)])
+def test_cupy_encodes_bit_for_bit_as_the_cpu_with_any_share_and_scale(fmt, dtype, share, scale):
+    """A share other than 1/2 (``share * d`` rounds: a fused multiply-add would round once where
+    numpy rounds twice) and a scale other than 1 (the 16-bit formats round ``scale * x`` once
+    from the buffer's precision): the wire bytes and the error kept in x equal the CPU's bit
+    for bit."""
+    import cupy
+    n = 3 * wire.INT8_BLOCK * 5 + 7
+    rng = np.random.default_rng(11)
+    if scale == 1.0:
+        x = (rng.standard_normal(n) * 3).astype(dtype)
+    else:   # scale * x within a few float32 units of a bf16 or fp16 rounding tie (where the order shows)
+        dropped = 16 if fmt == "bf16" else 13
+        tie = (rng.integers(0x3C00, 0x4300, n, dtype=np.uint32) << 16 | 1 << (dropped - 1)) + \
+            rng.integers(-2, 3, n).astype(np.uint32)
+        x = (tie.view(np.float32).astype(np.float64) / scale).astype(dtype)
+    code = wire.Wire(fmt, dtype, seed=2)
+    hb, hx = np.empty(code.nbytes(n), np.uint8), x.copy()
+    code.encode(hx, hb, share=share, scale=scale, salt=3)
+    db, dx = cupy.empty(code.nbytes(n), np.uint8), cupy.asarray(x)
+    code.encode(dx, db, share=share, scale=scale, salt=3)
+    assert np.array_equal(db.get(), hb), "CPU and GPU encoded differently"
+    assert np.array_equal(dx.get(), hx), "CPU and GPU kept different errors"
+

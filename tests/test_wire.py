@@ -269,3 +269,24 @@ def test_stochastic_rounding_draws_new_bits_every_step_both_ways(fmt):
     assert not np.array_equal(ups[0], ups[1]), "two steps drew the same bits"
     code.encode(x.copy(), buf)  # no error kept: to nearest
     assert np.all(decoded(code, buf, x.size, np.float32)[probe] == np.float32(lo))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
+def test_a_scaled_float64_encode_rounds_once_to_float32_then_to_the_wire(fmt):
+    """``scale * x`` of a float64 buffer is formed in float64 and rounded to float32 once, then
+    to the wire format, as the CUDA kernel does: the same bytes as encoding the float32 product.
+    (Casting x to float32 first, then multiplying, rounds twice; the values are chosen within a
+    few float32 units of a wire rounding tie, where the two orders round apart.)"""
+    n = 4 * INT8_BLOCK
+    rng = np.random.default_rng(5)
+    dropped = 16 if fmt == "bf16" else 13   # float32 mantissa bits the wire format drops
+    high = rng.integers(0x3C00, 0x4300, n, dtype=np.uint32) << 16 if fmt == "bf16" else \
+        rng.integers(0x3800, 0x4600, n, dtype=np.uint32) << 16
+    tie = (high | (1 << (dropped - 1))) + rng.integers(-2, 3, n).astype(np.uint32)
+    scale = 0.3
+    x = tie.view(np.float32).astype(np.float64) / scale
+    code64, code32 = Wire(fmt, np.float64), Wire(fmt, np.float32)
+    b64, b32 = np.empty(code64.nbytes(n), np.uint8), np.empty(code32.nbytes(n), np.uint8)
+    code64.encode(x.copy(), b64, scale=scale)
+    code32.encode((x * scale).astype(np.float32), b32)
+    assert np.array_equal(b64, b32)

@@ -11,6 +11,8 @@ it to their communicator's size. Nothing here knows about MPI or arrays.
 * :mod:`.weighted`: the user's own, from a callable or matrices, validated.
 """
 
+from __future__ import annotations
+
 from .base import TOLERANCE, Topology
 from .directed import (
     AlternatingExponentialGraph,
@@ -60,7 +62,7 @@ NAMES = tuple(_BUILDERS)
 UNDIRECTED = ("undirected-ring", "undirected-exponential", "torus", "paired", "ring2", "complete")
 
 
-def make(name, *, peers=1, seed=0):
+def make(name: str, *, peers: int = 1, seed: int = 0) -> Topology:
     """Build a topology by name: one of :data:`NAMES` (``peers`` and ``seed`` apply where the
     graph has them)."""
     if name not in _BUILDERS:

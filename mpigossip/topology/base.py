@@ -7,6 +7,8 @@ matrix is column-stochastic. ``P[dst][src]`` is the share of ``src``'s mass that
 receives; column ``src`` is what :meth:`Topology.mixing_weights` returns for ``src``.
 """
 
+from __future__ import annotations
+
 import abc
 import math
 from fractions import Fraction
@@ -22,14 +24,16 @@ class Topology(abc.ABC):
 
     #: Whether the graph, as bound, may send a rank's message to itself.
     allow_self = False
+    #: The world size once bound (:meth:`bind`); None before, which every method checks.
+    size: int
 
-    def __init__(self, size=None):
-        self.size = None
+    def __init__(self, size: int | None = None) -> None:
+        self.size = None  # type: ignore[assignment]  # unbound
         if size is not None:
             self._bind_inplace(size)
 
     # -- binding ------------------------------------------------------------------------
-    def bind(self, size):
+    def bind(self, size: int) -> Topology:
         """A copy of this topology bound to ``size`` ranks; ``ValueError`` if it cannot be."""
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
@@ -55,7 +59,7 @@ class Topology(abc.ABC):
 
     # -- the graph ----------------------------------------------------------------------
     @property
-    def period(self):
+    def period(self) -> int:
         """Number of steps after which the sequence of graphs repeats."""
         return 1
 
@@ -63,14 +67,14 @@ class Topology(abc.ABC):
     def _out(self, rank, step):
         """Out-peers of ``rank`` at ``step`` for a bound size > 1 (sorted, distinct)."""
 
-    def out_peers(self, rank, step):
+    def out_peers(self, rank: int, step: int) -> list[int]:
         """Ranks that ``rank`` sends to at ``step`` (sorted, no duplicates)."""
         self._check(rank, step)
         if self.size == 1:
             return []
         return self._out(rank, step)
 
-    def in_peers(self, rank, step):
+    def in_peers(self, rank: int, step: int) -> list[int]:
         """Ranks that send to ``rank`` at ``step`` (sorted): ``s`` such that ``rank in out_peers(s)``."""
         self._check(rank, step)
         if self.size == 1:
@@ -87,13 +91,13 @@ class Topology(abc.ABC):
             self._cache[key] = table
         return list(table[rank])
 
-    def mixing_weights(self, rank, step):
+    def mixing_weights(self, rank: int, step: int) -> tuple[float, dict[int, float]]:
         """``(self_weight, {peer: weight})``: uniform ``1/(d_out+1)`` shares, summing to 1."""
         peers = self.out_peers(rank, step)
         share = 1.0 / (len(peers) + 1)
         return share, {p: share for p in peers}
 
-    def check_step(self, step, *, doubly=False):
+    def check_step(self, step: int, *, doubly: bool = False) -> None:
         """Raise ``ValueError`` unless the mixing matrix at ``step`` is column-stochastic (every
         rank keeps and sends all its mass), and, with ``doubly``, also row-stochastic (every
         rank receives total weight 1: the plain average is preserved, as D-PSGD needs).
@@ -126,7 +130,7 @@ class Topology(abc.ABC):
             checked.clear()
         checked.add(key)
 
-    def mixing_matrix(self, step):
+    def mixing_matrix(self, step: int) -> list[list[Fraction]]:
         """Column-stochastic ``P`` as nested lists of exact ``Fraction``: ``P[dst][src]``."""
         n = self.size
         matrix = [[Fraction(0)] * n for _ in range(n)]

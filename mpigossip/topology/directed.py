@@ -1,9 +1,12 @@
 """Directed schedules: exponential graphs (ours, the SGP paper's, N-peer, bipartite), ring,
 complete, random peers. Uniform weights: see :class:`~mpigossip.topology.base.Topology`."""
 
+from __future__ import annotations
+
 import abc
 import math
 import random
+from collections.abc import Sequence
 
 from .._checks import check_integer
 from .base import Topology, _check_peers, _num_hops
@@ -24,19 +27,20 @@ class OffsetGraph(Topology):
 
     _what = "offset"
 
-    def __init__(self, peers=1, size=None):
+    def __init__(self, peers: int | Sequence[int] = 1, size: int | None = None) -> None:
         owner = type(self).__name__
         if isinstance(peers, (list, tuple)):
             if not peers:
                 raise ValueError(f"{owner}: the peers schedule is empty")
-            self._schedule = tuple(_check_peers(owner, p) for p in peers)
-            self.peers = list(self._schedule)
+            self._schedule: tuple[int, ...] = tuple(_check_peers(owner, p) for p in peers)
+            self.peers: int | list[int] = list(self._schedule)
         else:
-            self.peers = _check_peers(owner, peers)
-            self._schedule = (self.peers,)
+            one = _check_peers(owner, peers)
+            self.peers = one
+            self._schedule = (one,)
         super().__init__(size)
 
-    def peers_at(self, step):
+    def peers_at(self, step: int) -> int:
         """How many out-peers every rank has at ``step``."""
         return self._schedule[step % len(self._schedule)]
 
@@ -48,7 +52,7 @@ class OffsetGraph(Topology):
     def _params(self):
         return {"peers": self.peers}
 
-    def offsets(self):
+    def offsets(self) -> list[int]:
         """The offsets for the bound size, distinct and non-zero modulo it."""
         out, seen = [], {0}
         for o in self._raw_offsets():
@@ -71,11 +75,11 @@ class OffsetGraph(Topology):
                 f"at world size {self.size}")
 
     @property
-    def period(self):
+    def period(self) -> int:
         m = len(self.offsets()) if self.size > 1 else 1
         return len(self._schedule) * (m // math.gcd(m, sum(self._schedule)))
 
-    def hops(self, step):
+    def hops(self, step: int) -> list[int]:
         """Offsets used at ``step``."""
         book = self.offsets() if self.size > 1 else []
         start = self._start(step)
@@ -133,7 +137,7 @@ class NPeerExponentialGraph(OffsetGraph):
 
     _what = "N-peer offset"
 
-    def __init__(self, peers=1, size=None):
+    def __init__(self, peers: int = 1, size: int | None = None) -> None:
         if not isinstance(peers, int) or isinstance(peers, bool):
             raise ValueError(f"NPeerExponentialGraph: peers must be an integer >= 1 (it sets the base), got {peers!r}")
         super().__init__(peers, size)
@@ -157,14 +161,14 @@ class BipartiteExponentialGraph(OffsetGraph):
 
     _what = "odd hop"
 
-    def __init__(self, peers=1, alternating=False, size=None):
+    def __init__(self, peers: int = 1, alternating: bool = False, size: int | None = None) -> None:
         self.alternating = bool(alternating)
         super().__init__(peers, size)
 
     def _params(self):
         return {"peers": self.peers, "alternating": self.alternating}
 
-    def hop_list(self):
+    def hop_list(self) -> list[int]:
         return self.offsets()
 
     def _raw_offsets(self):
@@ -182,7 +186,7 @@ class BipartiteExponentialGraph(OffsetGraph):
 class RingGraph(Topology):
     """Ring: each rank sends to ``rank + 1`` (and ``rank - 1`` if ``bidirectional``)."""
 
-    def __init__(self, bidirectional=False, size=None):
+    def __init__(self, bidirectional: bool = False, size: int | None = None) -> None:
         self.bidirectional = bool(bidirectional)
         super().__init__(size)
 
@@ -212,7 +216,7 @@ class RandomPeers(Topology):
     Jin et al.) a rank may pick itself; :meth:`out_peers` then may contain ``rank``.
     """
 
-    def __init__(self, peers=1, seed=0, allow_self=False, size=None):
+    def __init__(self, peers: int = 1, seed: int = 0, allow_self: bool = False, size: int | None = None) -> None:
         _check_peers("RandomPeers", peers)
         check_integer(seed, "seed", owner="RandomPeers")
         self.peers = peers
@@ -230,10 +234,10 @@ class RandomPeers(Topology):
                              f"{self.peers + (0 if self.allow_self else 1)} ranks, got {self.size}")
 
     @property
-    def period(self):
+    def period(self) -> int:
         return 0  # aperiodic: no repetition is assumed
 
-    def choices(self, step):
+    def choices(self, step: int) -> list[list[int]]:
         """Every rank's out-peers at ``step`` (a list indexed by rank)."""
         cached = self._cache.get(("choices", step))
         if cached is not None:
@@ -254,13 +258,13 @@ class RandomPeers(Topology):
     def _out(self, rank, step):
         return self.choices(step)[rank]
 
-    def out_peers(self, rank, step):
+    def out_peers(self, rank: int, step: int) -> list[int]:
         self._check(rank, step)
         if self.size == 1:
             return [0] if self.allow_self else []
         return list(self._out(rank, step))
 
-    def in_peers(self, rank, step):
+    def in_peers(self, rank: int, step: int) -> list[int]:
         self._check(rank, step)
         if self.size == 1:
             return [0] if self.allow_self else []

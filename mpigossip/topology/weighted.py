@@ -8,26 +8,32 @@ column-stochastic; D-PSGD also checks the rows). The callable must be a pure fun
 ``(rank, step)``: every rank evaluates it for every rank and must get the same matrix.
 """
 
+from __future__ import annotations
+
 import abc
 import math
 from fractions import Fraction
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._checks import check_integer
 from .base import Topology
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
 
 class _Columns(Topology):
     """Shared machinery: a step's columns, built once per period key and validated."""
 
-    def __init__(self, period=0, size=None):
+    def __init__(self, period: int = 0, size: int | None = None) -> None:
         check_integer(period, "period (0: aperiodic)", 0, owner=type(self).__name__)
         self._period = period
         super().__init__(size)
 
     @property
-    def period(self):
+    def period(self) -> int:
         return self._period
 
     def _validate(self):
@@ -71,14 +77,14 @@ class _Columns(Topology):
     def _out(self, rank, step):
         return sorted(self._columns(step)[rank][1])
 
-    def mixing_weights(self, rank, step):
+    def mixing_weights(self, rank: int, step: int) -> tuple[float, dict[int, float]]:
         self._check(rank, step)
         if self.size == 1:
             return 1.0, {}
         own, peers = self._columns(step)[rank]
         return own, dict(peers)
 
-    def mixing_matrix(self, step):
+    def mixing_matrix(self, step: int) -> list[list[Fraction]]:
         n = self.size
         matrix = [[Fraction(0)] * n for _ in range(n)]
         for src in range(n):
@@ -99,7 +105,7 @@ class CallableGraph(_Columns):
             cached for the last 64 steps only).
     """
 
-    def __init__(self, fn, *, period=0, size=None):
+    def __init__(self, fn: Callable[..., Any], *, period: int = 0, size: int | None = None) -> None:
         if not callable(fn):
             raise ValueError(f"CallableGraph: fn must be callable (rank, step) -> [(peer, weight), ...], got {fn!r}")
         self.fn = fn
@@ -125,9 +131,10 @@ class MatrixGraph(_Columns):
             ``matrices[k % len]``), or a callable ``step -> matrix`` (aperiodic).
     """
 
-    def __init__(self, matrices, *, size=None):
+    def __init__(self, matrices: Sequence[Any], *, size: int | None = None) -> None:
         if callable(matrices):
-            self._fn, period = matrices, 0
+            self._fn: Callable[[int], Any] = matrices
+            period = 0
         else:
             try:
                 mats = [np.array(m, dtype=np.float64) for m in matrices]

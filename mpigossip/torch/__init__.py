@@ -17,6 +17,10 @@ Wrappers work with any torch optimizer; they see only the parameters. Every wrap
 ``timeout=`` (seconds any of its waits may take, default ``$MPIGOSSIP_TIMEOUT`` or 300).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .._registry import ALGORITHMS, HIERARCHICAL, OPTIONS, OUTER, options_of
 from .allreduce import AllReduce
 from .base import _Wrapper  # noqa: F401 - for subclasses outside the package
@@ -28,6 +32,10 @@ from .outer import DiLoCo, LocalSGD, SlowMo
 from .server import ASGD, EASGD
 from .sgp import AGP, OSGP, SGP
 
+if TYPE_CHECKING:
+    import torch
+    from mpi4py import MPI
+
 __all__ = ["ALGORITHMS", "HIERARCHICAL", "OPTIONS", "OUTER", "ADPSGD", "AGP", "AllReduce", "ASGD", "DiLoCo", "DPSGD",
            "EASGD", "FlatParameters", "GossipPull", "GossipPush", "GradientAllReduce", "LocalSGD", "OSGP", "SGP",
            "SlowMo", "broadcast_buffers", "broadcast_parameters", "make", "options_of"]
@@ -38,7 +46,7 @@ _CLASSES = {"allreduce": GradientAllReduce, "allreduce-params": AllReduce, "easg
             "adpsgd": ADPSGD, "localsgd": LocalSGD, "slowmo": SlowMo, "diloco": DiLoCo}
 
 
-def make(name, model, *, comm, **options):
+def make(name: str, model: torch.nn.Module, *, comm: MPI.Intracomm, **options: Any) -> _Wrapper:
     """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`) with its options
     (:data:`OPTIONS`, and ``timeout``, which every wrapper takes).
 

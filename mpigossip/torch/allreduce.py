@@ -1,8 +1,16 @@
 """AllReduce SGD: exact averaging of the parameters after each step."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .._registry import PARAMS_WIRE_REFUSED
 from ..allreduce import AllreduceAverager
 from .base import _Wrapper
+
+if TYPE_CHECKING:
+    import torch
+    from mpi4py import MPI
 
 
 class AllReduce(_Wrapper):
@@ -29,15 +37,16 @@ class AllReduce(_Wrapper):
 
     name = "allreduce-params"
 
-    def __init__(self, model, *, comm, hierarchical=False, node_size=None, wire=None, on_failure="abort",
-                 timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, hierarchical: bool = False,
+                 node_size: int | None = None, wire: str | None = None, on_failure: str = "abort",
+                 timeout: float | None = None) -> None:
         if wire is not None and self.name == "allreduce-params":
             raise ValueError(f"allreduce-params takes no wire format: {PARAMS_WIRE_REFUSED}")
         self.hierarchical, self.node_size, self.wire = bool(hierarchical), node_size, wire
         self._check_on_failure(on_failure, hierarchical and "needs the flat AllReduce, not hierarchical")
         self.buffer_comms = []
         super().__init__(model, comm=comm, timeout=timeout)
-        extra = {} if self.on_failure == "abort" else {"on_failure": self.on_failure}
+        extra: dict[str, Any] = {} if self.on_failure == "abort" else {"on_failure": self.on_failure}
         self.buffer_comms = [AllreduceAverager(array, comm=self.comm, timeout=self.timeout, **extra)
                              for array in self.flat_buffers.arrays]
         if self.on_failure == "continue":
@@ -58,7 +67,7 @@ class AllReduce(_Wrapper):
         for c in self.buffer_comms:
             c.average()
 
-    def free(self):
+    def free(self) -> None:
         super().free()
         for c in self.buffer_comms:
             c.free()

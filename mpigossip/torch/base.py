@@ -1,10 +1,13 @@
 """What every wrapper shares: flattening, the initial broadcast, device ordering, consensus,
 checkpoint state, ``free()``."""
 
+from __future__ import annotations
+
 import abc
 import contextlib
 import copy
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,6 +18,9 @@ from .._tolerant import recover_together, revoke
 from ..hierarchical import Hierarchical
 from ..periodic import Every
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class _Wrapper(abc.ABC):
@@ -96,7 +102,7 @@ class _Wrapper(abc.ABC):
             buf.release()
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """Whether :meth:`free` has run."""
         return self._freed
 
@@ -106,7 +112,7 @@ class _Wrapper(abc.ABC):
         if self._freed:
             raise RuntimeError(f"mpigossip.torch.{type(self).__name__} ({self.name}) has been freed")
 
-    def step(self):
+    def step(self) -> None:
         """Call once per iteration, after ``optimizer.step()``."""
         self._check_open()
         t0 = time.perf_counter()
@@ -159,7 +165,7 @@ class _Wrapper(abc.ABC):
         for c in groups:
             c._together = len(groups) > 1 or self._agreeing
 
-    def agree_on_failures(self):
+    def agree_on_failures(self) -> None:
         """``on_failure="continue"``, for a caller that steps this wrapper only now and then (an
         outer optimizer's averages): after each step the survivors agree whether a rank failed in
         it (:func:`mpigossip.failures.agree_failed`) and all recover in that step, so that they
@@ -181,7 +187,7 @@ class _Wrapper(abc.ABC):
             if self.after_failure is not None:
                 self.after_failure()
 
-    def consensus_model(self, into=None):
+    def consensus_model(self, into: torch.nn.Module | None = None) -> torch.nn.Module:
         """Collective (every rank calls it, not only the one that evaluates): the consensus
         model, whose parameters and floating-point buffers (BatchNorm statistics) are their
         exact means over ranks; other buffers are this rank's. The model to evaluate with a
@@ -196,7 +202,8 @@ class _Wrapper(abc.ABC):
         """
         return self.load_consensus(self.consensus_parameters(), self.consensus_buffers(), into=into)
 
-    def load_consensus(self, parameters, buffers, into=None):
+    def load_consensus(self, parameters: list[np.ndarray], buffers: list[np.ndarray],
+                       into: torch.nn.Module | None = None) -> torch.nn.Module:
         """Load means as returned by :meth:`consensus_parameters` and :meth:`consensus_buffers`
         into ``into`` (or a new copy of the model); not collective."""
         if into is None:
@@ -219,12 +226,12 @@ class _Wrapper(abc.ABC):
                         at += n
         return model
 
-    def consensus_parameters(self):
+    def consensus_parameters(self) -> list[np.ndarray]:
         """Exact mean over ranks of the parameters the model evaluates: one float64 host
         array per group of :attr:`flat` (collective: every rank calls it)."""
         return self._mean(self.model_buffers(), "consensus_parameters")
 
-    def consensus_buffers(self):
+    def consensus_buffers(self) -> list[np.ndarray]:
         """Exact mean over ranks of the floating-point buffers: one float64 host array per
         group of :attr:`flat_buffers` (collective: every rank calls it)."""
         return self._mean(self.flat_buffers.groups, "consensus_buffers")
@@ -239,17 +246,17 @@ class _Wrapper(abc.ABC):
             out.append(host / self.comm.Get_size())
         return out
 
-    def model_buffers(self):
+    def model_buffers(self) -> list[torch.Tensor]:
         return self.flat.groups
 
-    def drain(self):
+    def drain(self) -> None:
         """Complete every message in flight (no-op for synchronous algorithms)."""
 
     def _stateful(self):
         """The objects whose ``state_dict()`` is part of this wrapper's (in a fixed order)."""
         return [c for c in self.comms if c is not None]
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """``{"algorithm", "steps", "comms"}``: each communicator's own ``state_dict()``
         (counters, PushSum weight, EASGD center...) after :meth:`drain` (collective)."""
         self._check_open()
@@ -257,7 +264,7 @@ class _Wrapper(abc.ABC):
         return {"algorithm": self.name, "steps": self.steps,
                 "comms": [_tensors(c.state_dict()) for c in self._stateful()]}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` (collective where a communicator's is)."""
         self._check_open()
         if state.get("algorithm") != self.name:
@@ -273,7 +280,7 @@ class _Wrapper(abc.ABC):
         for c, s in zip(stateful, state["comms"]):
             c.load_state_dict(s)
 
-    def free(self):
+    def free(self) -> None:
         """Complete what is in flight and release the MPI resources (collective); a second
         call does nothing, any other use afterwards raises ``RuntimeError``."""
         if self._freed:

@@ -1,9 +1,19 @@
 """The SGP paper's baselines: D-PSGD (synchronous, doubly stochastic neighbour averaging)
 and AD-PSGD (asynchronous atomic pairwise averaging)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ..adpsgd import ADPSGD as _ADPSGD
 from ..dpsgd import DPSGD as _DPSGD
 from .base import _Wrapper
+
+if TYPE_CHECKING:
+    import torch
+    from mpi4py import MPI
+
+    from ..topology import Topology
 
 
 class DPSGD(_Wrapper):
@@ -20,8 +30,9 @@ class DPSGD(_Wrapper):
 
     name = "dpsgd"
 
-    def __init__(self, model, *, comm, topology=None, hierarchical=False, node_size=None, wire=None,
-                 on_failure="abort", timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, topology: Topology | None = None,
+                 hierarchical: bool = False, node_size: int | None = None, wire: str | None = None,
+                 on_failure: str = "abort", timeout: float | None = None) -> None:
         self.topology, self.hierarchical, self.node_size, self.wire = topology, bool(hierarchical), node_size, wire
         self._check_on_failure(on_failure, hierarchical and "needs the flat D-PSGD, not hierarchical")
         super().__init__(model, comm=comm, timeout=timeout)
@@ -46,7 +57,8 @@ class ADPSGD(_Wrapper):
 
     name = "adpsgd"
 
-    def __init__(self, model, *, comm, seed=0, timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, seed: int = 0,
+                 timeout: float | None = None) -> None:
         self.seed = seed
         super().__init__(model, comm=comm, timeout=timeout)
 
@@ -57,7 +69,7 @@ class ADPSGD(_Wrapper):
         for c in self.comms:
             c.step()
 
-    def drain(self):
+    def drain(self) -> None:
         """Collective: passive ranks take the averages made into their windows since their
         last step (before evaluating, checkpointing or freeing)."""
         with self._ordered():

@@ -1,8 +1,19 @@
 """A model's parameters (and buffers) as views of flat buffers, and their broadcast."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from .. import buffers, deadline
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from mpi4py import MPI
+
+    from ..hints import Buffer
 
 
 class FlatParameters:
@@ -13,11 +24,11 @@ class FlatParameters:
         arrays: numpy/cupy views of ``groups`` (zero-copy), for communicators and kernels.
     """
 
-    def __init__(self, module, *, tensors=None):
+    def __init__(self, module: torch.nn.Module, *, tensors: Sequence[torch.Tensor] | None = None) -> None:
         params = list(module.parameters()) if tensors is None else list(tensors)
         if not params and tensors is None:
             raise ValueError("the model has no parameters")
-        keyed = {}
+        keyed: dict[Any, list[Any]] = {}
         for p in params:
             keyed.setdefault((str(p.device), p.dtype), []).append(p)
         self.groups, self.params = [], []
@@ -35,7 +46,7 @@ class FlatParameters:
         self.views = [buffers.as_buffer(g, name="parameters") for g in self.groups]
         self.arrays = [b.array for b in self.views]
 
-    def rehome(self, index, array):
+    def rehome(self, index: int, array: Buffer) -> None:
         """Move group ``index`` into ``array`` (a host numpy array of its size and dtype, e.g. a
         node's shared-memory segment): copy the values, re-point its parameters there."""
         old = self.groups[index]
@@ -55,12 +66,12 @@ class FlatParameters:
         self.arrays[index] = self.views[index].array
 
     @classmethod
-    def of_buffers(cls, module):
+    def of_buffers(cls, module: torch.nn.Module) -> FlatParameters:
         """The floating-point buffers of ``module`` (BatchNorm's running statistics), flattened
         the same way (possibly no group at all)."""
         return cls(module, tensors=[b for b in module.buffers() if b.is_floating_point()])
 
-    def check_views(self):
+    def check_views(self) -> None:
         """Raise if something replaced a parameter's storage (then flat buffers would be stale)."""
         for flat, members in zip(self.groups, self.params):
             base = flat.data_ptr()
@@ -71,11 +82,12 @@ class FlatParameters:
                                        "(was param.data reassigned after wrapping?)")
 
     @property
-    def numel(self):
+    def numel(self) -> int:
         return sum(g.numel() for g in self.groups)
 
 
-def broadcast_parameters(flat, comm, root=0, *, timeout=None):
+def broadcast_parameters(flat: FlatParameters, comm: MPI.Intracomm, root: int = 0, *,
+                         timeout: float | None = None) -> None:
     """Make every rank start from root's parameters (with a deadline)."""
     timeout = deadline.check_timeout(timeout)
     for buf in flat.views:
@@ -87,7 +99,8 @@ def broadcast_parameters(flat, comm, root=0, *, timeout=None):
             buf.release()
 
 
-def broadcast_buffers(module, comm, root=0, *, timeout=None):
+def broadcast_buffers(module: torch.nn.Module, comm: MPI.Intracomm, root: int = 0, *,
+                      timeout: float | None = None) -> None:
     """Make every rank start from root's buffers (BatchNorm statistics and counters)."""
     from mpi4py.util.dtlib import from_numpy_dtype
     timeout = deadline.check_timeout(timeout)

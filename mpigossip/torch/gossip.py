@@ -1,7 +1,15 @@
 """Gossiping SGD (Jin et al.), pull and push."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ..gossip import Gossip
 from .base import _Periodic
+
+if TYPE_CHECKING:
+    import torch
+    from mpi4py import MPI
 
 
 class GossipPull(_Periodic):
@@ -9,9 +17,10 @@ class GossipPull(_Periodic):
 
     name = "gossip-pull"
     mode = "pull"
-    wire = None  # a pull reads the window's own dtype
+    wire: str | None = None  # a pull reads the window's own dtype
 
-    def __init__(self, model, *, comm, tau=1, seed=0, timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, tau: int = 1, seed: int = 0,
+                 timeout: float | None = None) -> None:
         self.tau, self.seed = tau, seed
         super().__init__(model, comm=comm, timeout=timeout)
 
@@ -31,8 +40,9 @@ class GossipPush(GossipPull):
     name = "gossip-push"
     mode = "push"
 
-    def __init__(self, model, *, comm, tau=1, seed=0, hierarchical=False, node_size=None, wire=None,
-                 on_failure="abort", timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, tau: int = 1, seed: int = 0,
+                 hierarchical: bool = False, node_size: int | None = None, wire: str | None = None,
+                 on_failure: str = "abort", timeout: float | None = None) -> None:
         self.hierarchical, self.node_size, self.wire = bool(hierarchical), node_size, wire
         self._check_on_failure(on_failure, hierarchical and "needs the flat gossip, not hierarchical")
         super().__init__(model, comm=comm, tau=tau, seed=seed, timeout=timeout)

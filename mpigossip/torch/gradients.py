@@ -1,6 +1,9 @@
 """AllReduce SGD as DDP and Horovod do it: gradients averaged in buckets during the backward pass."""
 
+from __future__ import annotations
+
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -9,15 +12,19 @@ from .._ring import Layout
 from ..allreduce import AllreduceAverager
 from .allreduce import AllReduce
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
 
 class _Bucket:
     """A contiguous range of one group's gradient buffer (``view``), averaged by one ``Iallreduce``."""
 
     __slots__ = ("averager", "view", "params", "last", "ready", "started")
 
-    def __init__(self, averager, view, params, last):
+    def __init__(self, averager: Any, view: Any, params: Any, last: Any) -> None:
         self.averager, self.view, self.params, self.last = averager, view, params, last
-        self.ready, self.started = set(), False
+        self.ready: set[int] = set()
+        self.started = False
 
 
 class GradientAllReduce(AllReduce):
@@ -61,14 +68,19 @@ class GradientAllReduce(AllReduce):
 
     name = "allreduce"
 
-    def __init__(self, model, *, comm, bucket_mb=25, wire=None, on_failure="abort", timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, bucket_mb: float = 25, wire: str | None = None,
+                 on_failure: str = "abort", timeout: float | None = None) -> None:
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
         error = failures.check_on_failure(on_failure, wire)
         if error:
             raise ValueError(f"allreduce: {error}")
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
-        self.grad_views, self.buckets, self._where, self._layout, self._own = [], [], {}, None, None
+        self.grad_views: list[Any] = []
+        self.buckets: list[Any] = []
+        self._where: dict[Any, Any] = {}
+        self._layout: Any = None
+        self._own: Any = None
         self.on_failure = on_failure  # (before the groups are made)
         super().__init__(model, comm=comm, wire=wire, on_failure=on_failure, timeout=timeout)
         if self.on_failure == "continue":
@@ -144,7 +156,7 @@ class GradientAllReduce(AllReduce):
         bucket.averager.start()
         bucket.started = True
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Complete the averaging of this pass's gradients (run at the end of every backward
         pass; call it yourself only after gradients computed outside ``backward()``). No-op
         when no gradient arrived since."""
@@ -216,10 +228,10 @@ class GradientAllReduce(AllReduce):
         for c in self.buffer_comms:
             c.average()
 
-    def drain(self):
+    def drain(self) -> None:
         self.synchronize()
 
-    def free(self):
+    def free(self) -> None:
         if self.closed:
             return
         self.drain()

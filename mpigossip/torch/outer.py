@@ -1,5 +1,9 @@
 """Local SGD, SlowMo and DiLoCo: an outer optimizer over a parameter-averaging wrapper."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 
@@ -8,6 +12,11 @@ from .. import outer as outer_mod
 from .._registry import INNER_MIXING_FAILURE, OPTION_DEFAULTS, OUTER_BASES
 from ..allreduce import AllreduceAverager
 from .base import _tensors
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from mpi4py import MPI
 
 
 class _Outer:
@@ -47,8 +56,10 @@ class _Outer:
 
     name = method = "?"
 
-    def __init__(self, model, *, comm, base=OPTION_DEFAULTS["base"], inner_steps=OPTION_DEFAULTS["inner_steps"],
-                 outer_lr=None, outer_momentum=None, warmup=0, inner_mixing=False, timeout=None, **options):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, base: str = OPTION_DEFAULTS["base"],
+                 inner_steps: int = OPTION_DEFAULTS["inner_steps"], outer_lr: float | None = None,
+                 outer_momentum: float | None = None, warmup: int = 0, inner_mixing: bool = False,
+                 timeout: float | None = None, **options: Any) -> None:
         from . import make  # the registry of wrappers (this module is one of them)
         error, chosen = None, None
         try:
@@ -71,6 +82,7 @@ class _Outer:
         except ValueError:
             self.base.free()
             raise
+        assert chosen is not None   # else agree() raised
         _, self.inner_steps, self.lr, self.momentum, self.nesterov, self.warmup, self.inner_mixing = chosen
         if options.get("on_failure") == "continue":
             # the base steps every inner_steps: without agreeing, a survivor whose average completed
@@ -94,7 +106,7 @@ class _Outer:
             raise AttributeError(name)
         return getattr(self.base, name)
 
-    def step(self):
+    def step(self) -> None:
         """Call once per iteration, after ``optimizer.step()`` (``exchanged`` then says whether
         it averaged)."""
         self.base._check_open()
@@ -123,14 +135,14 @@ class _Outer:
             for ps, z in zip(self.base.comms, self.base.flat.arrays):
                 kernels.debias(z, ps.buffer.array, ps.weight)
 
-    def free(self):
+    def free(self) -> None:
         """Free the exact averagers (inner_mixing) and the base wrapper (collective)."""
         for avg in self._exact:
             avg.free()
         self._exact = []
         self.base.free()
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """``{"algorithm", "steps", "exchanges", "base", "anchors", "momenta"}``: the base
         wrapper's whole state under ``"base"``, and the outer state: a resumed run continues
         exactly."""
@@ -143,7 +155,7 @@ class _Outer:
         return {"algorithm": self.name, "steps": self.steps, "exchanges": self.exchanges, "base": base,
                 "anchors": _tensors(host[0]), "momenta": _tensors(host[1])}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("algorithm") != self.name:
             raise ValueError(f"checkpoint is for {state.get('algorithm')!r}, not {self.name!r}")
         missing = [k for k in ("steps", "exchanges", "base", "anchors", "momenta") if k not in state]

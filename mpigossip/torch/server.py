@@ -1,5 +1,9 @@
 """The parameter-server algorithms: EASGD and asynchronous (Downpour) SGD."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .._registry import OPTION_DEFAULTS
@@ -7,6 +11,10 @@ from ..elastic import AsyncSGD as _AsyncWorker
 from ..elastic import ElasticAveraging
 from ..server import ParameterServer
 from .base import _Periodic, _Wrapper
+
+if TYPE_CHECKING:
+    import torch
+    from mpi4py import MPI
 
 
 class _WithServer(_Wrapper):
@@ -18,18 +26,18 @@ class _WithServer(_Wrapper):
         self.servers_.append(server)
         return server
 
-    def center_parameters(self):
+    def center_parameters(self) -> list[np.ndarray]:
         """The center variable, one host array per group."""
         return [s.pull(np.empty(s.size_elements, s.dtype)) for s in self.servers_]
 
     def _stateful(self):
         return super()._stateful() + self.servers_  # the centers are part of the state
 
-    def free(self):
+    def free(self) -> None:
         super().free()
         for s in self.servers_:
             s.free()
-        self.servers_ = []
+        self.servers_: list[ParameterServer] = []
 
 
 class EASGD(_WithServer, _Periodic):
@@ -40,8 +48,9 @@ class EASGD(_WithServer, _Periodic):
 
     name = "easgd"
 
-    def __init__(self, model, *, comm, beta=OPTION_DEFAULTS["beta"], tau=OPTION_DEFAULTS["tau"],
-                 servers=OPTION_DEFAULTS["servers"], timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, beta: float = OPTION_DEFAULTS["beta"],
+                 tau: int = OPTION_DEFAULTS["tau"], servers: int = OPTION_DEFAULTS["servers"],
+                 timeout: float | None = None) -> None:
         self.beta, self.tau, self.servers = beta, tau, servers
         self.servers_ = []
         super().__init__(model, comm=comm, timeout=timeout)
@@ -60,7 +69,8 @@ class ASGD(_WithServer):
 
     name = "asgd"
 
-    def __init__(self, model, *, comm, servers=OPTION_DEFAULTS["servers"], timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, servers: int = OPTION_DEFAULTS["servers"],
+                 timeout: float | None = None) -> None:
         self.servers, self.servers_ = servers, []
         super().__init__(model, comm=comm, timeout=timeout)
 

@@ -1,5 +1,9 @@
 """Stochastic Gradient Push, synchronous and overlapping (Assran et al.)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 
@@ -8,6 +12,13 @@ from .. import topology as topo_mod
 from .._registry import OPTION_DEFAULTS
 from ..pushsum import PushSum
 from .base import _Wrapper
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from mpi4py import MPI
+
+    from ..topology import Topology
 
 
 class SGP(_Wrapper):
@@ -30,18 +41,19 @@ class SGP(_Wrapper):
     """
 
     name = "sgp"
-    max_delay = 0
+    max_delay: int | None = 0
     overlap = False
 
-    def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], hierarchical=False,
-                 node_size=None, wire=None, on_failure="abort", timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, topology: Topology | None = None,
+                 peers: int = OPTION_DEFAULTS["peers"], hierarchical: bool = False, node_size: int | None = None,
+                 wire: str | None = None, on_failure: str = "abort", timeout: float | None = None) -> None:
         self._check_on_failure(on_failure, hierarchical and "needs the flat SGP, not hierarchical")
         self.wire = wire
         self.topology = topology if topology is not None else topo_mod.ExponentialGraph(peers=peers)
         self.hierarchical, self.node_size = bool(hierarchical), node_size
         if self.hierarchical and self.overlap:
             raise ValueError("hierarchical averaging is synchronous: use SGP, not OSGP")
-        self.numerators = []
+        self.numerators: list[Any] = []
         super().__init__(model, comm=comm, timeout=timeout)
 
     def _make(self, array):
@@ -69,11 +81,11 @@ class SGP(_Wrapper):
                 kernels.debias(z, ps.buffer.array, ps.weight)
 
     @property
-    def weights(self):
+    def weights(self) -> list[float]:
         return [ps.weight for ps in self.comms]
 
     # ------------------------------------------------------------------ uneven shards
-    def join(self):
+    def join(self) -> None:
         """Collective, every rank at the same step: from now on a rank may :meth:`leave`
         (``with mpigossip.Join(algo):``; see :class:`mpigossip.PushSum`)."""
         self._check_open()
@@ -82,7 +94,7 @@ class SGP(_Wrapper):
         for ps in self.comms:
             ps.join()
 
-    def leave(self):
+    def leave(self) -> None:
         """Out of data: every parameter group asks to leave at the next step, and this rank
         steps (no update) until its groups have handed their mass to the others. The model
         keeps the parameters it had; the wrapper can no longer step or average."""
@@ -93,7 +105,7 @@ class SGP(_Wrapper):
             self.step()
 
     @property
-    def left(self):
+    def left(self) -> bool:
         """Whether this rank has left (:meth:`leave`)."""
         return bool(self.comms) and all(getattr(ps, "left", False) for ps in self.comms)
 
@@ -102,7 +114,7 @@ class SGP(_Wrapper):
         if self.left:
             raise RuntimeError(f"mpigossip.torch.{type(self).__name__} ({self.name}): this rank has left (leave())")
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         self.drain()
         state = super().state_dict()
         # torch tensors, not numpy arrays: checkpoints load with torch.load(weights_only=True)
@@ -110,7 +122,7 @@ class SGP(_Wrapper):
                                for x in self.numerators]
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)  # steps and weights
         for ps, x in zip(self.comms, state["numerators"]):
             _copy_in(ps.buffer.array, x)
@@ -126,8 +138,9 @@ class OSGP(SGP):
     name = "osgp"
     overlap = True
 
-    def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"],
-                 max_delay=OPTION_DEFAULTS["max_delay"], wire=None, on_failure="abort", timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, topology: Topology | None = None,
+                 peers: int = OPTION_DEFAULTS["peers"], max_delay: int | None = OPTION_DEFAULTS["max_delay"],
+                 wire: str | None = None, on_failure: str = "abort", timeout: float | None = None) -> None:
         self.max_delay = max_delay
         super().__init__(model, comm=comm, topology=topology, peers=peers, wire=wire, on_failure=on_failure,
                          timeout=timeout)
@@ -157,7 +170,7 @@ class OSGP(SGP):
             if not ps.left:     # (leaving: z keeps the model it had)
                 kernels.debias(z, ps.buffer.array, ps.weight)
 
-    def drain(self):
+    def drain(self) -> None:
         with self._ordered():
             for ps, z in zip(self.comms, self.flat.arrays):
                 if ps.started:
@@ -183,8 +196,9 @@ class AGP(OSGP):
 
     name = "agp"
 
-    def __init__(self, model, *, comm, topology=None, peers=OPTION_DEFAULTS["peers"], on_failure="abort",
-                 timeout=None):
+    def __init__(self, model: torch.nn.Module, *, comm: MPI.Intracomm, topology: Topology | None = None,
+                 peers: int = OPTION_DEFAULTS["peers"], on_failure: str = "abort",
+                 timeout: float | None = None) -> None:
         super().__init__(model, comm=comm, topology=topology, peers=peers, max_delay=None, on_failure=on_failure,
                          timeout=timeout)
 
@@ -192,14 +206,14 @@ class AGP(OSGP):
         for ps, z in zip(self.comms, self.flat.arrays):
             kernels.weighted_sum(ps.buffer.array, z, ps.weight)  # x = w * z_new
 
-    def join(self):
+    def join(self) -> None:
         """Collective (the ranks need not be at the same step): from now on a rank may
         :meth:`leave` (see :class:`mpigossip.AsyncPushSum`)."""
         self._check_open()
         for ps in self.comms:
             ps.join()
 
-    def leave(self):
+    def leave(self) -> None:
         """Out of data: each parameter group gives its mass away and waits for the others'
         next ``drain()`` (an evaluation, a checkpoint, ``free()``), where it drops out. The
         model keeps the parameters it had."""
