@@ -69,6 +69,26 @@ def test_fashion_mnist_idx_files_and_errors(tmp_path):
         data.load("fashion-mnist", data_dir=str(tmp_path))
 
 
+def test_fashion_mnist_standardisation_is_the_exact_per_pixel_formula():
+    """Computed block by block in float64 and rounded once: every pixel value maps to
+    ``float32((v / 255 - mean) / std)`` exactly, across block boundaries."""
+    x = np.random.default_rng(1).integers(0, 256, (9000, 28, 28), dtype=np.uint8)
+    x[0, 0, :] = np.arange(28) * 9   # 0 and 243 among them
+    x[-1, -1, -1] = 255
+    table = ((np.arange(256) / 255.0 - 0.2860) / 0.3530).astype(np.float32)
+    assert np.array_equal(data._standardised(x), table[x].reshape(-1, 1, 28, 28))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_input_is_refused(bad):
+    x = np.zeros((4, 3), np.float32)
+    x[2, 1] = bad
+    y = np.zeros(4, np.int64)
+    with pytest.raises(data.DataError, match="NaN or infinity"):
+        data.Dataset("t", x, y, np.zeros((2, 3), np.float32), y[:2], shape=(3,), classes=2)
+    data.Dataset("t", np.zeros((4, 3), np.float32), y, np.zeros((2, 3), np.float32), y[:2], shape=(3,), classes=2)
+
+
 def test_digits_read_directly_equal_scikit_learns_loader():
     """The digits are read from scikit-learn's file without importing sklearn.datasets (a
     second a process): the same pixels and labels as its loader."""

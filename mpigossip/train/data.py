@@ -35,7 +35,7 @@ class Dataset:
                 raise DataError(f"{name}: {split} inputs have shape {x.shape[1:]}, expected {self.shape}")
             if len(x) == 0:
                 raise DataError(f"{name}: {split} split is empty")
-            if not np.all(np.isfinite(x)):
+            if not (np.isfinite(x.min()) and np.isfinite(x.max())):   # NaN propagates; no temporary array
                 raise DataError(f"{name}: {split} inputs contain NaN or infinity")
             if y.min() < 0 or y.max() >= self.classes:
                 raise DataError(f"{name}: {split} labels must be integers in [0, {self.classes})")
@@ -152,11 +152,23 @@ def fashion_mnist(directory=None, samples=None):
         if samples < 1:
             raise DataError(f"fashion-mnist: --samples must be >= 1, got {samples}")
         arrays["x_train"], arrays["y_train"] = arrays["x_train"][:samples], arrays["y_train"][:samples]
-    mean, std = 0.2860, 0.3530  # of the whole training split, in [0, 1] units
-    table = ((np.arange(256) / 255.0 - mean) / std).astype(np.float32)  # one gather pass per image
-    norm = lambda x: table[x].reshape(-1, 1, 28, 28)  # noqa: E731
-    return Dataset("fashion-mnist", norm(arrays["x_train"]), arrays["y_train"].astype(np.int64),
-                   norm(arrays["x_test"]), arrays["y_test"].astype(np.int64), shape=(1, 28, 28), classes=10)
+    return Dataset("fashion-mnist", _standardised(arrays["x_train"]), arrays["y_train"].astype(np.int64),
+                   _standardised(arrays["x_test"]), arrays["y_test"].astype(np.int64), shape=(1, 28, 28), classes=10)
+
+
+def _standardised(images, mean=0.2860, std=0.3530, rows=4096):
+    """``(images / 255 - mean) / std`` as float32 images of one channel (``mean`` and ``std``:
+    the whole training split's, in [0, 1] units), computed in float64 a few thousand images at a
+    time and rounded once (a 256-entry lookup table gives the same values at 4x the time: numpy
+    widens the uint8 indices first)."""
+    out = np.empty(images.shape, np.float32)
+    for lo in range(0, len(images), rows):
+        block = images[lo:lo + rows].astype(np.float64)
+        block /= 255.0
+        block -= mean
+        block /= std
+        out[lo:lo + rows] = block
+    return out.reshape(-1, 1, 28, 28)
 
 
 def cifar10(directory):
