@@ -34,7 +34,8 @@ import time
 
 import mpi4py
 
-mpi4py.rc.finalize = False   # survivors of a failure may hang in MPI_Finalize over TCP (ulfm_probe.py)
+if "--finalize" not in sys.argv:   # survivors of a failure may hang in MPI_Finalize over TCP (ulfm_probe.py)
+    mpi4py.rc.finalize = False
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -81,8 +82,9 @@ def survivor(args):
     try:
         t = time.monotonic()
         if args.mode == "spawn":
-            inter = new.Spawn(sys.executable, [os.path.abspath(__file__), "--child", "--mb", str(args.mb),
-                                               "--dead", str(dead[0])], maxprocs=len(dead), root=0)
+            child = [os.path.abspath(__file__), "--child", "--mb", str(args.mb), "--dead", str(dead[0])]
+            inter = new.Spawn(sys.executable, child + (["--finalize"] if args.finalize else []), maxprocs=len(dead),
+                              root=0)
         else:
             port = MPI.Open_port() if new.Get_rank() == 0 else None
             if port is not None:
@@ -169,7 +171,8 @@ def run_accept(args):
     appears, the newcomer's own ``mpiexec -n 1``."""
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpigossip-mpiexec")
     port_file = os.path.join(tempfile.mkdtemp(), "port")
-    me = [sys.executable, os.path.abspath(__file__), "--mode", "accept", "--mb", str(args.mb), "--port-file", port_file]
+    me = [sys.executable, os.path.abspath(__file__), "--mode", "accept", "--mb", str(args.mb), "--port-file", port_file,
+          *(["--finalize"] if args.finalize else [])]
     job = subprocess.Popen([mpiexec, "--with-ft", "ulfm", "-n", str(args.ranks), *me, "--victim", str(args.victim)])
     victim = args.victim if args.victim >= 0 else args.ranks - 1
     new = subprocess.Popen([mpiexec, "-n", "1", "env", "ULFM_RESPAWN_NEWCOMER=1", *me, "--child",
@@ -192,6 +195,7 @@ def main():
     p.add_argument("--ranks", type=int, default=4, help="accept mode's launch: the survivors' job size")
     p.add_argument("--timeout", type=float, default=120.0, help="accept mode's launch: seconds before both jobs end")
     p.add_argument("--port-file", default=None)
+    p.add_argument("--finalize", action="store_true", help="end with MPI_Finalize (default: without)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dead", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()

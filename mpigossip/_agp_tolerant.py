@@ -122,7 +122,7 @@ class AsyncSurvives:
         who they are and what each sent the others; receive what survivors sent this rank and
         complete what it sent them; then shrink to the survivors and go on from this rank's own
         step (see the module)."""
-        arrived = [slot for slot in self._slots if slot.src is not None and slot.message.arrived()]
+        arrived = [slot for slot in self._slots if slot.src is not None and slot.message.succeeded()]
         if arrived:
             self._add(arrived)
         self._take_back()

@@ -192,7 +192,9 @@ class NodeRing(_Schedule):
     """Node-aware allreduce (sum, then ``* scale``): reduce-scatter inside each node (MPI on
     ``node``, shared memory), one :class:`Ring` per local rank between the nodes on its shard
     (``cross``: the ranks with this local rank, one per node), allgather inside the node.
-    Every node must have the same number of ranks."""
+    Every node must have the same number of ranks. Blocking only (:meth:`run`): inside a node
+    MPI's blocking collectives are fast, the nonblocking ones progress only at each ``Test`` of
+    a poll (slow for a large buffer); an overlapped allreduce uses a plain :class:`Ring`."""
 
     def __init__(self, owner, node, cross, *, synchronize, segment, scale=1.0, op="allreduce (node-aware ring)",
                  claim=None):
@@ -211,23 +213,19 @@ class NodeRing(_Schedule):
         if self._shard is None or self._shard.size != hi - lo or type(self._shard) is not type(x):
             self._shard = _empty_like(x, max(1, hi - lo))
         shard = self._shard[:hi - lo]
+        if not self.blocking:
+            raise RuntimeError(f"{self.op}: the node-aware ring runs blocking only (run())")
         self.synchronize()
-        # In shared memory MPI's blocking collectives are fast; the nonblocking ones progress only
-        # at each Test of a poll (slow for a large buffer): blocking where run() drives.
         if local == 1:
             shard[...] = x
-        elif self.blocking:
-            node.Reduce_scatter(x, shard, counts, MPI.SUM)
         else:
-            yield [node.Ireduce_scatter(x, shard, counts, MPI.SUM)]
+            node.Reduce_scatter(x, shard, counts, MPI.SUM)
         yield from self.ring.steps(shard)
         displs = [a for a, _ in bounds]
         if local == 1:
             x[...] = shard
-        elif self.blocking:
-            node.Allgatherv(shard, [x, counts, displs, _datatype(x)])
         else:
-            yield [node.Iallgatherv(shard, [x, counts, displs, _datatype(x)])]
+            node.Allgatherv(shard, [x, counts, displs, _datatype(x)])
 
 
 def _datatype(x):

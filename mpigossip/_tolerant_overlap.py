@@ -176,7 +176,7 @@ class PersistentOverlap:
     # ------------------------------------------------------------------ after a failure
     def salvage(self):
         """Add the messages that had arrived whole before the failure (the rest is lost)."""
-        arrived = [msg for msg in self.pending if msg[4].arrived()]
+        arrived = [msg for msg in self.pending if msg[4].succeeded()]
         done = {id(m) for m in arrived}
         self.pending = [m for m in self.pending if id(m) not in done]
         self._add(arrived)

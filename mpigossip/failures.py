@@ -155,7 +155,7 @@ class Message:
     ``MPI_Test`` of it reports it complete, with an empty status. Testing a message's requests
     again after one of them failed would therefore take the failed one for arrived, and the
     salvage after a failure would add an ``x`` without its ``w``, or a buffer MPI never wrote.
-    Here each request is tested once to completion and its outcome kept: :meth:`arrived` is
+    Here each request is tested once to completion and its outcome kept: :meth:`succeeded` is
     true only if every request completed without error since :meth:`start` (or since the
     message was made, for requests already started).
     """
@@ -198,7 +198,7 @@ class Message:
                 raise
         return all(self._done)
 
-    def arrived(self) -> bool:
+    def succeeded(self) -> bool:
         """After a failure: whether every request completed without error (tested once more
         now; False if one is still pending or completed in error)."""
         try:

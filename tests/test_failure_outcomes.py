@@ -36,8 +36,8 @@ def test_a_part_that_completed_in_error_is_never_taken_for_arrived():
     with pytest.raises(failures.PeerFailure):
         message.test("step")
     assert message.failed
-    assert not message.arrived()            # inactive now, it would test as complete
-    assert not message.arrived()
+    assert not message.succeeded()            # inactive now, it would test as complete
+    assert not message.succeeded()
     with pytest.raises(failures.PeerFailure):   # and the outcome is kept for later tests
         message.test("drain")
 
@@ -49,13 +49,13 @@ def test_revoked_before_completion_is_lost_and_completed_parts_are_not_tested_ag
     with pytest.raises(failures.PeerFailure) as info:
         message.test("step")
     assert info.value.error_class == MPI.ERR_REVOKED
-    assert x.tests == 1 and not message.arrived() and x.tests == 1
+    assert x.tests == 1 and not message.succeeded() and x.tests == 1
 
 
 def test_a_message_whose_parts_completed_arrived():
     message = failures.Message([Request(False, True), Request(True)])
     assert not message.test("step") and message.pending() == [0]
-    assert message.arrived() and not message.failed and message.pending() == []
+    assert message.succeeded() and not message.failed and message.pending() == []
 
 
 def test_salvage_after_a_failure_tested_elsewhere():
@@ -65,7 +65,7 @@ def test_salvage_after_a_failure_tested_elsewhere():
     assert whole.test("step")
     pending = failures.Message([Request(True), Request(False, False)])
     assert not pending.test("step")
-    assert whole.arrived() and not pending.arrived()
+    assert whole.succeeded() and not pending.succeeded()
 
 
 def test_other_errors_propagate():

@@ -211,7 +211,7 @@ def test_quick_mode_end_to_end(tmp_path):
     text = (out / "report.md").read_text()
     with open(out / "results.json") as f:
         res = json.load(f)
-    assert {r["world_size"] for r in res["accuracy_runs"]} == {4, 8}
+    assert {r["world_size"] for r in res["accuracy_runs"]} == {2, 4}
     assert "Quick mode is a smoke test of the pipeline, not a reproduction" in text
     judged = F.judge(res["accuracy_runs"], res["timed_runs"], res["simulator"], timed_on_cluster=False)
     assert [f.key for f in judged] == ["a", "b", "c", "d", "d-sim", "e"]
@@ -222,7 +222,7 @@ def test_quick_mode_end_to_end(tmp_path):
     for f in judged:  # the report states exactly the verdicts the rules give on the recorded runs
         assert f"| {f.key} | {f.claim} | **{f.verdict}** |" in text
         assert f.verdict in (F.REPRODUCED, F.PARTLY, F.NOT, F.UNDECIDED_V, F.UNTESTED)
-    for name in ("curves-p4.png", "curves-p8.png", "timed.png", "sim-consensus.png",
+    for name in ("curves-p2.png", "curves-p4.png", "timed.png", "sim-consensus.png",
                  "sim-scaling.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({name})" in text
     for r in res["accuracy_runs"]:

@@ -54,7 +54,7 @@ SETTINGS = {
                 "consensus_size": 1024, "consensus_steps": 30},
     # A smoke test of the pipeline (every stage, report and figure), not a reproduction: one seed
     # decides no paired comparison, and (d) compares p = 4 with 8 instead of 8 with 16.
-    "quick": {"sizes": (4, 8), "seeds": (0,), "steps": 80, "lrs": (0.01, 0.3),
+    "quick": {"sizes": (2, 4), "seeds": (0,), "steps": 80, "lrs": (0.01, 0.3),
               "algorithms": ("allreduce", "easgd", "gossip-push", "sgp"), "timed_steps": 40, "timed_width": 256,
               "timed_size": 4, "timed_repeats": 1, "timed_compute_ms": 5, "timed_cases": ("normal", "straggler"),
               "evals": 6, "timed_evals": 6,  # an evaluation at p = 16 on 2 cores costs about what 10 steps do

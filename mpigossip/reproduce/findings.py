@@ -458,7 +458,7 @@ def judge(records, timed, sim_records, *, timed_on_cluster, sim_speeds=None, spe
            speed(records, min(lrs), "b", "with small step sizes AllReduce converges faster and more "
                  "accurately"),
            same_minimum(records, head)]
-    if len(sizes) > 1:   # the two largest: 8 and 16 in the full run, 4 and 8 in the quick one
+    if len(sizes) > 1:   # the two largest: 8 and 16 in the full run, 2 and 4 in the quick one
         out.append(easgd_scaling(records, sizes[-2], sizes[-1]))
     if sim_records:
         out.append(easgd_scaling_sim(sim_records, sim_speeds, speed_setting))
