@@ -101,7 +101,7 @@ def survivor(args):
         times["merge_s"] = time.monotonic() - t
         phase = "heal"
         # survivors keep their old numbers (key = the old rank); the newcomer sorts in at ``dead``
-        grown, final, ok = heal_and_check_keyed(merged, rank, args.mb, times, t0)
+        grown, final, ok = heal(merged, rank, args.mb, times, t0, newcomer=False)
     except MPI.Exception as exc:
         report(rank=rank, role="survivor", mode=args.mode, phase=phase, error_class=exc.Get_error_class(),
                error=exc.Get_error_string(), **times)
@@ -111,18 +111,14 @@ def survivor(args):
     return 0 if ok else 1
 
 
-def heal_and_check_keyed(merged, key, mb, times, t0):
+def heal(merged, key, mb, times, t0, newcomer):
+    """Re-rank (``key``: a survivor's old rank, the dead rank's for the newcomer), broadcast
+    rank 0's buffer to the newcomer, check the size with an Allreduce."""
     t = time.monotonic()
     grown = merged.Split(0, key=key)
     grown.Set_errhandler(MPI.ERRORS_RETURN)
     times["split_s"] = time.monotonic() - t
-    return _heal(grown, mb, times, t0)
-
-
-def _heal(grown, mb, times, t0):
-    n = int(mb * (1 << 20) // 8)
-    newcomer = MPI.Comm.Get_parent() != MPI.COMM_NULL or os.environ.get("ULFM_RESPAWN_NEWCOMER") == "1"
-    buf = np.empty(n) if newcomer else np.full(n, 7.0)
+    buf = np.empty(int(mb * (1 << 20) // 8)) if newcomer else np.full(int(mb * (1 << 20) // 8), 7.0)
     t = time.monotonic()
     grown.Bcast(buf, root=0)
     times["heal_s"] = time.monotonic() - t
@@ -158,7 +154,7 @@ def newcomer(args):
         merged = inter.Merge(high=True)
         merged.Set_errhandler(MPI.ERRORS_RETURN)
         phase = "heal"
-        grown, final, ok = heal_and_check_keyed(merged, args.dead, args.mb, times, t0)
+        grown, final, ok = heal(merged, args.dead, args.mb, times, t0, newcomer=True)
     except MPI.Exception as exc:
         report(role="newcomer", phase=phase, error_class=exc.Get_error_class(), error=exc.Get_error_string(), **times)
         return 1
@@ -175,7 +171,7 @@ def run_accept(args):
           *(["--finalize"] if args.finalize else [])]
     job = subprocess.Popen([mpiexec, "--with-ft", "ulfm", "-n", str(args.ranks), *me, "--victim", str(args.victim)])
     victim = args.victim if args.victim >= 0 else args.ranks - 1
-    new = subprocess.Popen([mpiexec, "-n", "1", "env", "ULFM_RESPAWN_NEWCOMER=1", *me, "--child",
+    new = subprocess.Popen([mpiexec, "-n", "1", *me, "--child",
                             "--dead", str(victim)])
     try:
         codes = job.wait(timeout=args.timeout), new.wait(timeout=args.timeout)

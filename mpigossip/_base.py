@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 _live: weakref.WeakSet[MPIObject] = weakref.WeakSet()  # communicators not yet freed
-_dropped: list[MPIObject] = []              # collected while in flight: kept (with their buffers) until exit
+_dropped: list[MPIObject] = []  # collected while in flight: kept (with their buffers) until exit
 _created = itertools.count()  # construction order, the same on every rank (construction is collective)
 
 

@@ -240,7 +240,6 @@ class Fabric:
     def _reschedule(self):
         self._pending = False
         self._rates()
-        self._version += 1
         moving = self._rate > 0
         if moving.any():
             soonest = float((self._left[moving] / self._rate[moving]).min())
@@ -254,10 +253,11 @@ class Fabric:
         # done: less than a femtosecond-per-second of the clock left to go (time adds up in floats)
         eps = 1e-12 * max(1.0, self.engine.now)
         finished = (self._left <= self._rate * eps) | (self._left <= 1e-12)
-        done = [e for e, f in zip(self._events, finished.tolist()) if f]
+        flags = finished.tolist()
+        done = [e for e, f in zip(self._events, flags) if f]
         if done:
             keep = ~finished
-            self._events = [e for e, f in zip(self._events, finished.tolist()) if not f]
+            self._events = [e for e, f in zip(self._events, flags) if not f]
             self._left, self._rate, self._solo = self._left[keep], self._rate[keep], self._solo[keep]
             inc = keep[self._fi]
             renumber = np.cumsum(keep) - 1
