@@ -1,11 +1,12 @@
 """Asynchronous Gradient Push's messages on persistent requests, for ``on_failure="continue"``.
 
 :class:`~mpigossip.agp.AsyncPushSum` sends each out-peer's accumulated share (its weight
-first, then ``x``) from one of two buffers it swaps, and receives a share from the source a
-probe of its weight named, into one of ``receives`` slots. With ``on_failure="continue"``
-every one of those messages is a persistent request (with Open MPI's ob1 a non-persistent
-request to a dead peer may end the job): made once per out-peer, buffer and epoch's tags, or
-per slot, source and epoch's tags, and started each time.
+first, then ``x``) from one of two buffers it swaps, and receives a share into one of
+``receives`` slots (posted ahead for the rank that owns it, or for the source a probe of its
+weight named). With ``on_failure="continue"`` every one of those messages is a persistent
+request (with Open MPI's ob1 a non-persistent request to a dead peer may end the job): made
+once per out-peer, buffer and epoch's tags, or per slot, source and epoch's tags, and
+started each time.
 
 A failure is met in a step: an error completing a message to or from the dead rank, or the
 *alarm*, a receive from any source posted on a duplicate of the communicator and tested at
@@ -24,8 +25,8 @@ survivor has revoked the duplicate. The recovery (:meth:`AsyncSurvives._recover_
    _shrink_to_survivors`); training goes on over the survivors, each from its own step.
 
 Only the dead rank's own mass and what was in flight to or from it is lost (counted in the
-weight lost). The weight (8 bytes) is received with a blocking ``MPI_Recv`` once probed (it
-has arrived); the share after it on a persistent request.
+weight lost). Receives posted ahead for a survivor (a slot it owns) are cancelled first: one
+that nothing had matched is dropped, one a share had begun to fill is completed.
 """
 
 from mpi4py import MPI
@@ -40,7 +41,7 @@ class AsyncRequests:
     def __init__(self, owner):
         self.owner = owner
         self._sends = {}   # (dst, id of the buffer, epoch parity) -> [w request, x's pieces...]
-        self._recvs = {}   # (slot, its buffer, src, epoch parity) -> [x's pieces...]
+        self._recvs = {}   # (slot, its buffer, src, epoch's tags) -> [w request, x's pieces...]
         self._memory = []  # what the requests point at: kept with them after a failure
         self.alarm = None  # a failures.Alarm over the owner's communicator
 
@@ -65,11 +66,15 @@ class AsyncRequests:
             self._memory.append(out)
         return self._sends[key]
 
-    def recv(self, index, slot, src, xtag):
-        """The requests receiving a share from ``src`` into receive slot ``index`` (its pieces)."""
-        key = (index, id(slot.transport), src, xtag)   # (a slot's buffer may be replaced: _receive_from_survivors)
+    def recv(self, index, slot, src, tags):
+        """The requests receiving a share from ``src`` into receive slot ``index``: its weight
+        into ``slot.wbuf``, then ``x``'s pieces."""
+        key = (index, id(slot.transport), src, tags)   # (a slot's buffer may be replaced: _receive_from_survivors)
         if key not in self._recvs:
-            self._recvs[key] = failures.recv_init(self.owner.comm, slot.transport.spec, src, xtag)
+            xtag, wtag = tags
+            comm = self.owner.comm
+            self._recvs[key] = [comm.Recv_init(slot.wbuf, source=src, tag=wtag),
+                                *failures.recv_init(comm, slot.transport.spec, src, xtag)]
             self._memory.append(slot)
         return self._recvs[key]
 
@@ -122,7 +127,7 @@ class AsyncSurvives:
         who they are and what each sent the others; receive what survivors sent this rank and
         complete what it sent them; then shrink to the survivors and go on from this rank's own
         step (see the module)."""
-        arrived = [slot for slot in self._slots if slot.src is not None and slot.message.succeeded()]
+        arrived = [slot for slot in self._slots if slot.message is not None and slot.message.succeeded()]
         if arrived:
             self._add(arrived)
         self._take_back()
@@ -149,11 +154,19 @@ class AsyncSurvives:
                 todo[src] = [max(0, at_drain - got), total - max(at_drain, got)]
             else:
                 todo[src] = [max(0, total - got), 0]
-        for index, slot in enumerate(self._slots):   # a share from a survivor being received is one of them
-            if slot.src is not None and slot.src in todo:
-                todo[slot.src][0] -= 1
-            elif slot.src is not None:   # from the dead rank, and not arrived whole: lost (a fresh buffer)
+        for index, slot in enumerate(self._slots):
+            slot.owned = False     # from now on a slot is posted only for a share known to come
+            if slot.message is None:
+                slot.src = None
+            elif slot.src not in todo:   # from the dead rank, and not arrived whole: lost (a fresh buffer)
                 self._slots[index] = type(slot)(self._new_transport())
+            else:   # posted for a survivor: cancelled if nothing of a share came; else one of those to come
+                cancelled = slot.message.cancel(op, comm=self.comm, timeout=self.timeout)
+                if len(cancelled) == len(slot.message.requests):
+                    slot.src, slot.message = None, None
+                else:
+                    slot.message.restart(cancelled)
+                    todo[slot.src][0] -= 1
         outs = [o for o in self._outs.values() if o.message is not None and o.dst not in gone]
         for o in self._outs.values():
             if o.dst in gone:
@@ -164,7 +177,7 @@ class AsyncSurvives:
             for o in outs:
                 if o.message is not None and o.message.test(op):
                     o.message = None
-            done = [s for s in self._slots if s.src is not None and s.message.test(op)]
+            done = [s for s in self._slots if s.message is not None and s.message.test(op)]
             if done:
                 self._add(done)
             for index, slot in enumerate(self._slots):
@@ -173,13 +186,10 @@ class AsyncSurvives:
                 src, nxt = next(((s, left[0] == 0) for s, left in todo.items() if left[0] or left[1]), (None, 0))
                 if src is None:
                     break
-                xtag, wtag = self._tags(self.epoch + nxt)
-                if not self.comm.Iprobe(source=src, tag=wtag, status=status):
+                tags = self._tags(self.epoch + nxt)
+                if not self.comm.Iprobe(source=src, tag=tags[1], status=status):
                     break
-                self.comm.Recv(self._wrecv, source=src, tag=wtag)
-                message = failures.Message(self._exchange.recv(index, slot, src, xtag))
-                message.start()
-                slot.src, slot.w, slot.message = src, float(self._wrecv[0]), message
+                self._post(index, slot, src, tags, ahead=False)
                 todo[src][nxt] -= 1
             return (not any(o.message is not None for o in outs) and not any(s.src is not None for s in self._slots)
                     and not any(left[0] or left[1] for left in todo.values()))

@@ -14,9 +14,13 @@ lockstep, these never wait.
   shares loses no mass). Memory: at most one in-flight and one accumulating buffer per
   out-peer, whatever the delays.
 * ``finish()`` adds every ``(x, w)`` share that has arrived, from anyone, and never blocks.
-  A share's weight travels first, in a small message probed from any source (the senders'
-  steps are not this rank's), then the share, received from that sender into one of
-  ``receives`` full-size buffers.
+  A share is two messages from its sender, its weight then ``x``, received into one of
+  ``receives`` full-size slots. The senders' steps are not this rank's, so who sends next is
+  not known: the first share from a rank is found by probing its weight; from then on that
+  rank owns a slot (while slots last, one is always kept for the others), whose receives of
+  the weight and of ``x`` are posted again as soon as a share has been added: the next share
+  lands in its buffer, not in MPI's queue of unexpected messages (a copy, and MPI memory of
+  a model's size per message). A drain frees the slots (the next epoch has other tags).
 * ``drain()`` (collective) sends what is accumulating, agrees with every rank on how many
   messages each pair exchanged, and receives the rest: afterwards Σx and Σw over ranks hold
   all the mass, exactly, even when the ranks ran different numbers of steps. Training may go
@@ -90,13 +94,29 @@ class _Out:
 
 
 class _Slot:
-    """One receive buffer: empty (``src`` None), or receiving an x share from ``src`` whose
-    weight ``w`` came first (``message``: the receive, a :class:`~mpigossip.failures.Message`)."""
+    """One receive buffer: free (``src`` None), or with the receives of one share from ``src``
+    posted (``message``: its weight into ``wbuf``, then ``x``; a
+    :class:`~mpigossip.failures.Message`). An ``owned`` slot is posted again for ``src`` as
+    soon as its share has been added."""
 
-    __slots__ = ("transport", "message", "src", "w")
+    __slots__ = ("transport", "wbuf", "message", "src", "owned", "ahead")
 
     def __init__(self, transport: Any) -> None:
-        self.transport, self.message, self.src, self.w = transport, None, None, 0.0
+        self.transport, self.wbuf = transport, np.zeros(1, dtype=np.float64)
+        self.message, self.src, self.owned = None, None, False
+        self.ahead = False  # posted before its share was probed (counted in ``preposted``)
+
+
+def _default_receives(topology, rank):
+    """One slot per in-peer of ``rank`` over the topology's period (its first 64 steps), and
+    one for the others; at most 5 (a model's size each); 2 for an aperiodic topology."""
+    period = topology.period
+    if not period or topology.size < 2:
+        return 2
+    peers = set()
+    for k in range(min(period, 64)):
+        peers.update(topology.in_peers(rank, k))
+    return min(len(peers), 4) + 1
 
 
 class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
@@ -110,7 +130,10 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         weight: initial PushSum weight (1.0).
         timeout: seconds any wait (``drain()``) may take before the job is aborted.
         cuda_aware, stage: see :class:`mpigossip.buffers.Transport`.
-        receives: receives posted at once, each into a buffer of x's size (default 2).
+        receives: receive slots, each a buffer of x's size (default: one per in-peer of the
+            topology over its period and one more, at most 5; 2 for an aperiodic topology). All
+            but one are owned by the first ranks heard from and posted ahead for their next
+            share; ``receives=1`` posts each receive only once its weight has been probed.
         min_weight: a rank whose weight is below ``min_weight`` times its initial ``weight``
             keeps its shares until it receives (default ``2**-10``; in ``[0, 1)``; 0 turns the
             floor off): the weight stays bounded away from underflow, and so does ``x = w z``.
@@ -129,8 +152,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
 
     def __init__(self, x: Buffer, *, comm: MPI.Intracomm, topology: Topology | None = None, weight: float = 1.0,
                  timeout: float | None = None, cuda_aware: bool | None = None, stage: bool | None = None,
-                 receives: int = 2, min_weight: float = 2.0 ** -10, z: Buffer | None = None, wire: str | None = None,
-                 on_failure: str = "abort") -> None:
+                 receives: int | None = None, min_weight: float = 2.0 ** -10, z: Buffer | None = None,
+                 wire: str | None = None, on_failure: str = "abort") -> None:
         if z is not None:
             raise ValueError("AsyncPushSum (PushSum(max_delay=None)) takes no z: call debiased()")
         if wire is not None:
@@ -138,7 +161,8 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                              "wire formats need PushSum with max_delay >= 0")
         super().__init__(x, comm=comm, topology=topology, weight=weight, timeout=timeout, cuda_aware=cuda_aware,
                          stage=stage, slots=1,
-                         check=lambda: (integer_error(receives, "receives", 1) or _fraction_error(min_weight, "min_weight")
+                         check=lambda: ((receives is not None and integer_error(receives, "receives", 1))
+                                        or _fraction_error(min_weight, "min_weight")
                                         or failures.check_on_failure(on_failure)),
                          same={"receives": receives, "on_failure": on_failure})
         self._tolerate(on_failure, lambda: AsyncRequests(self))
@@ -147,9 +171,11 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
             self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
                                                     op=f"{self._name} (total weight)")
         self._outs = {}                                   # dst -> _Out, made on first use
+        if receives is None:
+            receives = _default_receives(self.topology, self.rank)
         self._slots = [_Slot(self._new_transport()) for _ in range(receives)]
-        self._wrecv = np.zeros(1, dtype=np.float64)
         self.received = np.zeros(self.size, dtype=np.int64)  # messages received, per source
+        self.preposted = 0  # of them, those received by a receive posted before they were probed
         self.epoch = 0  # drains completed: the tags of the messages sent now (_tags)
         self._gone = set()     # ranks whose leave() notice arrived (until the drain that drops them)
         self._leaving = False
@@ -158,51 +184,75 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
 
     # ------------------------------------------------------------------ receives
     def _poll(self):
-        """Add every arrived share into ``(x, w)`` and take in new ones. Never blocks.
+        """Add every arrived share into ``(x, w)`` and post the receives of the next ones.
+        Never blocks.
 
-        A sender sends the weight of a share first (small), then the share: a weight probed
-        from any source tells whom the next share comes from, and the share is received
-        from that source alone. Per source, MPI keeps the order of messages, so the k-th
-        share of a sender is paired with its k-th weight."""
+        Owned slots are posted again for their rank at once. A share from a rank with no
+        receive posted is found by probing its weight from any source; a free slot is then
+        posted for it (and owned by it while more than one slot is left). Per source and
+        tag, MPI matches messages in the order the receives were posted, so the k-th share
+        of a sender is paired with its k-th weight."""
         if self._members is not None:
             self._notices()
         if self._exchange is not None:
             self._exchange.watch(f"{self._name} (step {self.steps})")
-        done = [s for s in self._slots if s.src is not None and self._test(s.message)]
+        done = [s for s in self._slots if s.message is not None and self._test(s.message)]
         if done:
             self._add(done)
-        xtag, wtag = _tags(self.epoch)
+        tags = _tags(self.epoch)
         status = MPI.Status()
         with failures.raised_as_failure(f"{self._name} (receive)"):
             for index, slot in enumerate(self._slots):
-                if slot.src is not None:
-                    continue
-                if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=wtag, status=status):
+                if slot.owned and slot.message is None:
+                    self._post(index, slot, slot.src, tags, ahead=True)
+            while True:
+                free = next((i for i, s in enumerate(self._slots) if s.src is None), None)
+                if free is None or not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=tags[1], status=status):
                     break
-                src = status.Get_source()
-                self.comm.Recv(self._wrecv, source=src, tag=wtag)  # probed: here already
-                # spec waits for a combine still reading this slot on the device (Transport.reading)
-                spec = slot.transport.spec
-                if self._exchange is None:
-                    message = failures.Message([self.comm.Irecv(spec, source=src, tag=xtag)])
-                else:
-                    message = failures.Message(self._exchange.recv(index, slot, src, xtag))
-                    message.start()
-                slot.src, slot.w, slot.message = src, float(self._wrecv[0]), message
+                src, slot = status.Get_source(), self._slots[free]
+                owners = {s.src for s in self._slots if s.owned}
+                slot.owned = len(owners) < len(self._slots) - 1 and src not in owners
+                self._post(free, slot, src, tags, ahead=False)
+
+    def _post(self, index, slot, src, tags, *, ahead):
+        """Post the receives of ``src``'s next share into ``slot``: its weight, then ``x``."""
+        xtag, wtag = tags
+        memory = slot.transport.memory  # waits for a combine still reading it on the device (Transport.reading)
+        if self._exchange is None:
+            message = failures.Message([self.comm.Irecv(slot.wbuf, source=src, tag=wtag),
+                                        self.comm.Irecv([memory, slot.transport.buffer.datatype], source=src,
+                                                        tag=xtag)])
+        else:
+            message = failures.Message(self._exchange.recv(index, slot, src, tags))
+            message.start()
+        slot.src, slot.message, slot.ahead = src, message, ahead
 
     def _add(self, slots):
         recvs = []
         for slot in slots:
             slot.transport.after_recv()
             recvs.append(slot.transport.buffer.array)
-            self.weight += slot.w
+            self.weight += float(slot.wbuf[0])
             self.received[slot.src] += 1
+            self.preposted += slot.ahead
         self.buffer.acquire()
         kernels.weighted_sum(self.buffer.array, self.buffer.array, 1.0, recvs, [1.0] * len(recvs))
         self.buffer.release()
         for slot in slots:
             slot.transport.reading()  # the combine just queued reads it: MPI may rewrite it only after
-            slot.src, slot.message = None, None
+            slot.message = None
+            if not slot.owned:
+                slot.src = None
+
+    def _unpost(self, op, timeout):
+        """Free every slot: cancel the receives posted ahead. Called once every message counted
+        has been received, so none of them can match (a drain; the next epoch has other tags)."""
+        for slot in self._slots:
+            if slot.message is not None:
+                cancelled = slot.message.cancel(op, comm=self.comm, timeout=timeout)
+                if len(cancelled) != len(slot.message.requests):
+                    raise RuntimeError(f"{op}: a receive posted for rank {slot.src} took a message no sender counted")
+            slot.src, slot.message, slot.owned = None, None, False
 
     # ------------------------------------------------------------------ sends
     def _out(self, dst):
@@ -308,7 +358,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
     @property
     def in_flight(self) -> bool:
         return bool(self._started or any(o.filled or o.message is not None for o in self._outs.values())
-                    or any(s.src is not None for s in self._slots))
+                    or any(s.message is not None for s in self._slots))
 
     def drain(self) -> None:
         """Collective: send every accumulated share, agree on how many messages each pair
@@ -350,6 +400,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
                              lambda: [int(r) for r in np.flatnonzero(self.received < expected)], timeout)
         if np.any(self.received > expected):  # cannot happen: the next epoch's messages have other tags
             raise RuntimeError(f"{self._name}.drain(): received {self.received} but the senders count {expected}")
+        self._unpost(f"{self._name}.drain (receives posted ahead)", timeout)
         self.epoch += 1
         for out in outs:
             out.sent_at_drain = out.sent
@@ -386,5 +437,6 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         state = "freed" if self.closed else ("in flight" if self.in_flight else "idle")
         return (f"<AsyncPushSum {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} "
                 f"rank={self.rank}/{self.size} {self.topology!r} steps={self.steps} weight={self.weight:.6g} "
-                f"sent={sum(o.sent for o in self._outs.values())} received={int(self.received.sum())} held={self.held} "
+                f"sent={sum(o.sent for o in self._outs.values())} received={int(self.received.sum())} "
+                f"preposted={self.preposted} held={self.held} "
                 f"{state}>")

@@ -210,6 +210,44 @@ class Message:
         """The indices of the requests not yet complete."""
         return [i for i, done in enumerate(self._done) if not done]
 
+    def cancel(self, op: str, *, comm: MPI.Comm, timeout: float) -> list[int]:
+        """Cancel the receives not yet complete and wait until each is cancelled or has
+        completed (matched before the cancel took: its data arrived). Returns the indices of
+        those cancelled: they are pending again, and the message must be dropped or those
+        requests :meth:`restart` ed (a cancelled request tests as complete, like a failed one).
+        A failure raises :class:`PeerFailure`."""
+        pending = self.pending()
+        with raised_as_failure(op):
+            for i in pending:
+                self.requests[i].Cancel()
+        cancelled = []
+        status = MPI.Status()
+
+        def settled():
+            for i in pending:
+                if self._done[i]:
+                    continue
+                try:
+                    self._done[i] = self.requests[i].Test(status)
+                except MPI.Exception as exc:
+                    self._done[i] = True
+                    if exc.Get_error_class() in FAILED:
+                        self.error_class = exc.Get_error_class()
+                        raise PeerFailure(op, self.error_class) from None
+                    raise
+                if self._done[i] and status.Is_cancelled():
+                    cancelled.append(i)
+            return all(self._done[i] for i in pending)
+
+        deadline.wait_until(settled, comm=comm, timeout=timeout, op=f"{op} (cancel)")
+        for i in cancelled:
+            self._done[i] = False
+        return sorted(cancelled)
+
+    def restart(self, indices: Sequence[int]) -> None:
+        """Start the (persistent) requests at ``indices`` again, in order (after :meth:`cancel`)."""
+        start([self.requests[i] for i in indices])
+
 
 class Alarm:
     """How every survivor learns of a failure at once, without revoking the communicator the

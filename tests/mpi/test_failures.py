@@ -297,3 +297,45 @@ def test_torch_wrappers_under_continue_without_a_failure():
     algo.step()
     assert algo.failures == [] and len(algo.comms) == 1 and not algo.comms[0]._together
     algo.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_cancelled_receive_is_pending_again_and_one_that_matched_is_not():
+    """failures.Message.cancel: a receive nothing matched comes back cancelled (pending again:
+    a cancelled request tests as complete, so it must be restarted or dropped, never taken for
+    arrived); one whose message had come comes back complete, with the data. A restart
+    receives the next message."""
+    c = comm()
+    if c.rank > 1:
+        for _ in range(4):
+            c.Barrier()
+        return
+    other = 1 - c.rank
+    if c.rank == 0:
+        data = np.zeros(3)
+        message = failures.Message([c.Recv_init(data, source=other, tag=7)])
+        message.start()
+        assert message.cancel("test", comm=c, timeout=30) == [0]
+        assert message.pending() == [0]
+        c.Barrier()                       # (1) rank 1 sends now
+        c.Barrier()                       # (2) it has left
+        message.restart([0])
+        while not message.test("test"):
+            pass
+        assert data.tolist() == [1.0, 2.0, 3.0]
+        message.start()
+        c.Barrier()                       # (3) the next one is on its way
+        while not c.Iprobe(source=other, tag=8):   # sent after the tag-7 message: that one is here
+            pass
+        assert message.cancel("test", comm=c, timeout=30) == []
+        assert message.pending() == [] and data.tolist() == [4.0, 5.0, 6.0]
+        c.Recv(np.zeros(1), source=other, tag=8)
+        message.requests[0].Free()
+    else:
+        c.Barrier()
+        c.Send(np.array([1.0, 2.0, 3.0]), dest=other, tag=7)
+        c.Barrier()
+        c.Barrier()
+        c.Send(np.array([4.0, 5.0, 6.0]), dest=other, tag=7)
+        c.Send(np.zeros(1), dest=other, tag=8)
+    c.Barrier()

@@ -310,3 +310,38 @@ def test_agp_reposts_a_receive_only_after_the_combine_reading_it(monkeypatch):
     waited = sum(e.done for e in fake.events)  # by Transport.memory, before the slot went to MPI again
     assert waited >= combined - len(ps._slots), "a receive was posted into a slot a combine may still read"
     ps.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("on_failure", ["abort", "continue"])
+def test_agp_posts_a_known_senders_next_receive_before_its_share_arrives(on_failure, recwarn):
+    """A share that arrives with no receive posted sits in MPI's queue of unexpected messages
+    (a copy, and MPI memory of a model's size): after the first share from a rank, that rank
+    owns a slot whose receives are posted again at once. With the default slots (one per
+    in-peer of the exponential graph, and one more) most shares land in a receive posted
+    ahead; with ``receives=1`` none do. Each epoch's receives posted ahead are cancelled at
+    its drain (the next has other tags): training goes on over two epochs, mass exact at
+    each drain, and nothing is left posted at the end."""
+    c = comm()
+    counts = {}
+    for receives in (None, 1):
+        x = np.full(4096, float(c.rank))
+        ps = mg.AsyncPushSum(x, comm=c, receives=receives, on_failure=on_failure)
+        if receives is None:
+            graph = T.ExponentialGraph(peers=1, size=c.size)
+            peers = {p for k in range(graph.period) for p in graph.in_peers(c.rank, k)}
+            assert len(ps._slots) == min(len(peers), 4) + 1
+        for _ in range(2):   # two epochs: the second posts with the other tags
+            for _ in range(80):
+                time.sleep(5e-4)
+                ps.step()
+            ps.drain()
+            assert global_sum(c, x)[0] == pytest.approx(c.size * (c.size - 1) / 2, rel=1e-12)
+            assert c.allreduce(ps.weight) == pytest.approx(c.size, rel=1e-12)
+            assert not ps.in_flight and all(s.src is None and s.message is None for s in ps._slots)
+        counts[receives] = (int(ps.received.sum()), ps.preposted)
+        ps.free()
+    received, ahead = counts[None]
+    assert received > 0 and ahead <= received
+    assert c.allreduce(ahead) >= c.allreduce(received) // 2, counts   # most shares, over all ranks
+    assert counts[1][1] == 0 and counts[1][0] > 0, counts

@@ -58,6 +58,7 @@ p.add_argument("--crash-in-recovery", type=int, default=None,
 p.add_argument("--outer", choices=("localsgd", "slowmo", "diloco"), default=None,
                help="an outer optimizer (mpigossip.Outer) over the averager, averaging every --inner-steps steps")
 p.add_argument("--inner-steps", type=int, default=3)
+p.add_argument("--receives", type=int, default=None, help="AGP's receive slots (AsyncPushSum(receives=...))")
 p.add_argument("--record", default=None, help="file where the victim writes its weight before it dies")
 p.add_argument("--dump-after", type=float, default=90.0,
                help="seconds after which every rank still running prints its threads' stacks (a hang's where)")
@@ -82,7 +83,8 @@ host = x.numpy() if a.kind == "torch" else x
 
 if a.algo in ("pushsum", "osgp", "agp"):
     ps = mg.PushSum(x, comm=world, on_failure="continue", timeout=60, max_delay=None if a.algo == "agp" else 1,
-                    topology=mg.topology.ExponentialGraph(peers=a.peers), weight=w0)
+                    topology=mg.topology.ExponentialGraph(peers=a.peers), weight=w0,
+                    **({"receives": a.receives} if a.receives else {}))
 elif a.algo == "gossip-push":
     ps = mg.Gossip(x, comm=world, mode="push", seed=3, on_failure="continue", timeout=60)
     ps.weight = 1.0
@@ -170,6 +172,7 @@ def peaks():
 print("survive: " + json.dumps({"rank": rank, "ok": all(checks.values()), "checks": checks,
                                 "spread": float(np.max(zmax - zmin)), "z - base spread": spread_shift,
                                 "sum w": sum_w, "victim weight": victim_weight, "weight": ps.weight, "steps": ps.steps,
-                                "failure": f, "size": comm.Get_size(),
+                                "preposted": getattr(ps, "preposted", None),
+                                "received": int(ps.received.sum()) if a.algo == "agp" else None, "failure": f, "size": comm.Get_size(),
                                 "chunk_bytes": failures.chunk_bytes(), **peaks()}), flush=True)
 failures.exit(0 if all(checks.values()) else 1)
