@@ -184,7 +184,9 @@ def _run(args):
     if args.command == "timemodel":
         from .reproduce import simulate
         from .sim import cli as sim_cli
-        return sim_cli.main(args, problems={"digits": simulate.digits_problem, "synthetic": simulate.problem})
+        problems = {"digits": simulate.digits_problem, "digits-mlp": simulate.digits_mlp_problem,
+                    "synthetic": simulate.problem}
+        return sim_cli.main(args, problems=problems)
     if args.command == "launch":
         from . import slurm
         return slurm.main(args)

@@ -117,3 +117,50 @@ def test_sgp_mixing_less_often_or_late_leaves_the_ranks_further_apart():
     assert rare["consensus"][-1] > 2 * every["consensus"][-1] and late["consensus"][-1] > every["consensus"][-1]
     assert np.mean(rare["rank_accuracy"][-5:]) < np.mean(every["rank_accuracy"][-5:])
     assert every["tau"] == 1 and rare["tau"] == 8 and late["delay"] == 2 and every["skew"] == 0.75
+
+
+def _mlp(seed=0, n=400, d=5, classes=3, hidden=8):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    x = rng.standard_normal((classes, d))[y] * 2 + rng.standard_normal((n, d))
+    return sim.MLP(x, y, classes, hidden=hidden)
+
+
+def test_mlp_gradient_matches_finite_differences_for_every_rank_at_once():
+    """Both layers, the hidden layer's bias row, and two ranks' parameters in one call (the
+    vectorised pass must not mix ranks)."""
+    prob = _mlp()
+    params = np.stack([prob.initial(1), prob.initial(2)])
+    batch = np.stack([np.arange(len(prob.y))] * 2)
+    g = prob.gradients(params, batch)
+    eps = 1e-6
+    first = prob._first[0] * prob._first[1]
+    for r in (0, 1):
+        for j in (0, first - 1, first, first + prob.hidden * prob.classes, prob.size - 1):
+            e = np.zeros(prob.size)
+            e[j] = eps
+            numeric = (prob.loss(params[r] + e) - prob.loss(params[r] - e)) / (2 * eps)
+            assert g[r, j] == pytest.approx(numeric, rel=1e-5, abs=1e-8), (r, j)
+
+
+def test_mlp_starts_every_rank_from_one_random_point_and_learns():
+    """Zero would keep the hidden units alike: the start is random, the same on every rank
+    (the schemes then differ only in mixing); SGD takes the MLP well above chance."""
+    prob = _mlp()
+    a, b = prob.initial(0), prob.initial(0)
+    np.testing.assert_array_equal(a, b)
+    assert np.std(a) > 0 and not np.array_equal(a, prob.initial(1))
+    r = sim.run_sgd(prob, "allreduce", 4, steps=300, lr=0.2, batch=16, seed=0, eval_every=300)
+    assert r["consensus"][0] == 0.0
+    assert r["accuracy"][-1] > 0.8 and r["accuracy"][-1] > r["accuracy"][0] + 0.2, r["accuracy"]
+    with pytest.raises(ValueError, match="hidden"):
+        sim.MLP(np.zeros((3, 2)), [0, 1, 2], 3, hidden=0)
+    with pytest.raises(ValueError, match="labels"):
+        sim.MLP(np.zeros((3, 2)), [0, 1, 5], 3)
+
+
+@pytest.mark.parametrize("scheme", sim.SCHEMES)
+def test_every_scheme_trains_the_mlp(scheme):
+    prob = _mlp(seed=3)
+    r = sim.run_sgd(prob, scheme, 8, steps=300, lr=0.2, batch=16, seed=1, eval_every=300)
+    assert r["loss"][-1] < 0.6 * r["loss"][0], r["loss"]

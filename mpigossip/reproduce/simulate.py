@@ -45,6 +45,17 @@ def digits_problem(seed):
     return sim.SoftmaxRegression(x[train], y[train], d.classes, x_test=x[test], y_test=y[test])
 
 
+def digits_mlp_problem(seed):
+    """The same halves of the digits (:func:`digits_problem`) for a non-convex model: an MLP
+    with 32 tanh units (:class:`mpigossip.sim.MLP`), every rank starting from the same random
+    parameters."""
+    d = data_mod.digits(seed)
+    x, y = np.concatenate([d.x_train, d.x_test]), np.concatenate([d.y_train, d.y_test])
+    order = np.random.default_rng(seed).permutation(len(y))
+    train, test = order[:len(y) // 2], order[len(y) // 2:]
+    return sim.MLP(x[train], y[train], d.classes, hidden=32, x_test=x[test], y_test=y[test])
+
+
 def sgd_scaling(sizes, steps, seeds, progress):
     """Every scheme x p x step size x seed; returns the runs' records (lists, JSON-ready)."""
     records = []

@@ -3,7 +3,7 @@ topologies and kernels, beside the communicators (which do not know it exists).
 
 * :mod:`.mixing`: PushSum and gossip-push rounds on a ``(p, n)`` array, bit for bit what
   real ranks compute; consensus error curves to p = 1024.
-* :mod:`.sgd`: SGD on a convex problem with each averaging scheme (AllReduce, SGP, gossip
+* :mod:`.sgd`: SGD on a convex or a non-convex problem (:mod:`.problems`) with each averaging scheme (AllReduce, SGP, gossip
   push/pull, EASGD with a center), to see how error and accuracy scale with p.
 * :mod:`.timing` (on :mod:`.events`, :mod:`.cluster` and :mod:`.methods`): the time model,
   each method's steps as events on a cluster of links and cores with measured costs;
@@ -11,8 +11,9 @@ topologies and kernels, beside the communicators (which do not know it exists).
 """
 
 from .mixing import GossipPushSim, PushSumSim, consensus_curve, consensus_error
-from .sgd import SCHEMES, SoftmaxRegression, elastic_round, pull_round, run_sgd
+from .problems import MLP, SoftmaxRegression
+from .sgd import SCHEMES, elastic_round, pull_round, run_sgd
 from .timing import Costs, Workload, simulate
 
-__all__ = ["PushSumSim", "GossipPushSim", "consensus_error", "consensus_curve", "SoftmaxRegression", "run_sgd",
+__all__ = ["PushSumSim", "GossipPushSim", "consensus_error", "consensus_curve", "SoftmaxRegression", "MLP", "run_sgd",
            "SCHEMES", "elastic_round", "pull_round", "Costs", "Workload", "simulate"]

@@ -42,9 +42,10 @@ def add_arguments(parser):
     acc = sub.add_parser("accuracy", help="time to a target accuracy as ranks and link rate grow, and a map of "
                          "the method first to it")
     _cluster_arguments(acc, ("allreduce", "sgp", "osgp:2", "agp", "gossip-pull", "easgd"))
-    acc.add_argument("--problem", choices=("digits", "synthetic"), default="digits",
-                     help="the accuracy simulator's softmax regression: on scikit-learn's digits (its accuracy "
-                          "rises for hundreds of steps; default) or the reproduction's synthetic data")
+    acc.add_argument("--problem", choices=("digits", "digits-mlp", "synthetic"), default="digits",
+                     help="the accuracy simulator's problem: softmax regression on scikit-learn's digits (convex; "
+                          "its accuracy rises for hundreds of steps; default), an MLP with 32 tanh units on the "
+                          "same digits (non-convex), or softmax regression on the reproduction's synthetic data")
     acc.add_argument("--skew", type=float, default=0.0,
                      help="fraction of each rank's minibatch drawn from one class of its own (default: 0, i.i.d.)")
     acc.add_argument("--evaluate", choices=("ranks", "mean"), default="ranks",
@@ -112,7 +113,8 @@ def main(args, problems=None):
             mb=args.mb, compute=args.compute_ms / 1e3, methods=args.methods, stragglers=tuple(args.stragglers),
             time_steps=args.steps, sim_steps=args.sim_steps, lr=args.lr, seeds=tuple(args.seeds), drop=args.drop,
             skew=args.skew, evaluate=args.evaluate, progress=progress)
-        text = (f"Accuracy simulator: softmax regression on the {args.problem} data, plain SGD, batch 16 per rank, "
+        name = problems[args.problem](args.seeds[0]).name
+        text = (f"Accuracy simulator: {name} on the {args.problem.split('-')[0]} data, plain SGD, batch 16 per rank, "
                 f"lr {args.lr:g}, {args.sim_steps} steps, seeds {', '.join(map(str, args.seeds))}, "
                 + (f"{args.skew:g} of each rank's batch from its own class" if args.skew else "i.i.d. batches")
                 + "; evaluated: " + ("the ranks' own models (EASGD: its center)" if args.evaluate == "ranks"

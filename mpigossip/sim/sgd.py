@@ -1,5 +1,6 @@
 """SGD with each averaging scheme on ``p`` virtual ranks: a convex problem (L2-regularised
-softmax regression), the package's topologies and kernels, no MPI.
+softmax regression) or a non-convex one (an MLP; :mod:`.problems`), the package's
+topologies and kernels, no MPI.
 
 Every virtual rank draws its own minibatches from one shared training set (the papers'
 i.i.d. setting; ``skew`` draws part of each rank's batch from one class of its own instead)
@@ -31,59 +32,6 @@ RANKS_EVALUATED = 32
 
 #: The averaging schemes :func:`run_sgd` simulates.
 SCHEMES = ("allreduce", "sgp", "gossip-push", "gossip-pull", "easgd")
-
-
-class SoftmaxRegression:
-    """Multinomial logistic regression with an L2 penalty: a convex objective.
-
-    Args:
-        x: ``(N, d)`` training inputs; y: ``(N,)`` integer labels in ``[0, classes)``.
-        x_test, y_test: held-out data for the accuracy (default: the training data).
-        l2: weight of ``l2 / 2 * ||W||^2``.
-    """
-
-    def __init__(self, x, y, classes, *, x_test=None, y_test=None, l2=1e-4):
-        self.x = self._augment(x)
-        self.y = np.asarray(y, dtype=np.int64)
-        if len(self.x) != len(self.y) or len(self.y) == 0:
-            raise ValueError("SoftmaxRegression: x and y must be non-empty and of the same length")
-        if classes < 2 or self.y.min() < 0 or self.y.max() >= classes:
-            raise ValueError(f"SoftmaxRegression: labels must lie in [0, {classes})")
-        self.x_test = self.x if x_test is None else self._augment(x_test)
-        self.y_test = self.y if y_test is None else np.asarray(y_test, dtype=np.int64)
-        self.classes, self.l2 = int(classes), float(l2)
-        self.shape = (self.x.shape[1], self.classes)
-        self.size = self.shape[0] * self.shape[1]
-
-    @staticmethod
-    def _augment(x):
-        x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-        return np.hstack([x, np.ones((len(x), 1))])  # a bias column
-
-    def gradients(self, params, batches):
-        """Per-rank minibatch gradients: ``params`` ``(p, size)``, ``batches`` ``(p, B)`` indices."""
-        w = params.reshape(len(params), *self.shape)
-        xb = self.x[batches]                                    # (p, B, d)
-        logits = np.matmul(xb, w)                               # (p, B, classes)
-        prob = np.exp(logits - logits.max(axis=2, keepdims=True))
-        prob /= prob.sum(axis=2, keepdims=True)
-        rows, cols = np.indices(batches.shape)
-        prob[rows, cols, self.y[batches]] -= 1.0
-        grad = np.matmul(xb.transpose(0, 2, 1), prob) / batches.shape[1] + self.l2 * w
-        return grad.reshape(len(params), self.size)
-
-    def loss(self, params):
-        """The full training objective at one parameter vector."""
-        w = params.reshape(self.shape)
-        logits = self.x @ w
-        top = logits.max(axis=1, keepdims=True)
-        logz = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
-        nll = np.mean(logz - logits[np.arange(len(self.y)), self.y])
-        return float(nll + 0.5 * self.l2 * np.sum(w * w))
-
-    def accuracy(self, params):
-        """Test accuracy at one parameter vector."""
-        return float(np.mean(np.argmax(self.x_test @ params.reshape(self.shape), axis=1) == self.y_test))
 
 
 def pull_round(x, topology, step):
@@ -133,11 +81,12 @@ def _batches(rng, problem, p, batch, skew, own):
 
 def run_sgd(problem, scheme, p, *, steps, lr, batch=16, tau=1, beta=0.9, seed=0, topology=None,
             eval_every=None, delay=0, skew=0.0):
-    """Simulate ``steps`` SGD steps of ``scheme`` on ``p`` virtual ranks, all starting at zero.
+    """Simulate ``steps`` SGD steps of ``scheme`` on ``p`` virtual ranks, all starting from the
+    problem's ``initial(seed)`` (zero for softmax regression).
 
     Args:
-        problem: a :class:`SoftmaxRegression` (anything with ``size``, ``gradients``, ``loss``,
-            ``accuracy`` and ``y``).
+        problem: a :class:`~.problems.SoftmaxRegression` or :class:`~.problems.MLP` (anything
+            with ``size``, ``gradients``, ``loss``, ``accuracy``, ``y`` and optionally ``initial``).
         tau: steps between mixing rounds (gossip, EASGD, and SGP).
         delay: SGP's messages are added to their receivers this many rounds after they are sent.
         skew: the fraction of each rank's minibatch drawn from its own class (rank ``i``'s is
@@ -156,8 +105,9 @@ def run_sgd(problem, scheme, p, *, steps, lr, batch=16, tau=1, beta=0.9, seed=0,
     _check(scheme, p, steps, lr, batch, tau, beta, delay, skew)
     eval_every = eval_every or max(1, steps // 20)
     rng = np.random.default_rng(seed)
-    x = np.zeros((p, problem.size))
-    center = np.zeros(problem.size)
+    initial = problem.initial(seed) if hasattr(problem, "initial") else np.zeros(problem.size)
+    x = np.tile(initial, (p, 1))
+    center = initial.copy()
     own = None
     if skew:
         count = np.bincount(problem.y)
