@@ -5,7 +5,7 @@ against the bandwidth limit and against MPI's own ``Allreduce``, per size.
         [--repeats 7] [--rate-gbit 1] [--label NAME] [--out FILE]
 
 For each size, the algorithms ``mpi`` (MPI's ``Allreduce`` under the launch's settings:
-``--label`` names them), ``ring`` and ``node-ring`` (:mod:`mpigossip._ring`), what ``auto``
+``--label`` names them), ``ring`` and ``node-ring`` (:mod:`mpigossip.exact.ring`), what ``auto``
 picks, and a raw mpi4py ``Allreduce`` (``MPI.IN_PLACE``) followed by the ``1/P`` pass, are
 timed in turn, repeat after repeat (machine noise hits all alike); a round's time is the
 slowest rank's. Reports medians (ms), each one's ratio to the bandwidth limit
@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import mpigossip as mg  # noqa: E402
-from mpigossip._ring import Layout  # noqa: E402
+from mpigossip.exact.ring import Layout  # noqa: E402
 from mpigossip.reproduce import setup  # noqa: E402
 
 ALGORITHMS = ("mpi", "ring", "node-ring")
@@ -119,7 +119,7 @@ def merge(paths, out, rate):
              f"at {meta['commit']} ({meta['versions']}); medians of {meta['repeats']} interleaved repeats, a round's "
              "time the slowest rank's. limit: 2 (N-1)/N x size at the link's rate (N nodes). `mpi`: "
              "AllreduceAverager over MPI's Allreduce; `raw`: mpi4py's Allreduce + the 1/P pass; `ring`, "
-             f"`node-ring`: mpigossip._ring (segments of {seg} KiB); `auto`: what AllreduceAverager picks. "
+             f"`node-ring`: mpigossip.exact.ring (segments of {seg} KiB); `auto`: what AllreduceAverager picks. "
              "Ranks per core: 4 ranks = 2 per core, 8 ranks = 4 per core (this machine has 2 cores: the 8-rank "
              "rows are CPU-bound, TCP and the reductions competing).", ""]
     for ranks in sorted({r["ranks"] for r in rows}):

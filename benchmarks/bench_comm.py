@@ -21,7 +21,7 @@ from _timing import side_by_side  # noqa: E402  (benchmarks/ is on sys.path when
 from mpi4py import MPI
 
 import mpigossip as mg
-from mpigossip import kernels
+from mpigossip.core import kernels
 
 
 def main():

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from mpigossip import kernels
+from mpigossip.core import kernels
 
 # (name, reads, writes, call(x, c, r1, r2, z, send)) in units of the buffer's bytes.
 CASES = [

@@ -31,8 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from mpigossip.core.wire import INT8_BLOCK  # noqa: E402
 from mpigossip.reproduce import experiments, findings, setup  # noqa: E402
-from mpigossip.wire import INT8_BLOCK  # noqa: E402
 
 INNER = 32  # the outer methods' inner steps (OPTION_DEFAULTS)
 #: (row, algorithm, extra flags, steps as a multiple of --steps): the issue's list. The outer

@@ -30,8 +30,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mpigossip as mg
-from mpigossip import kernels
-from mpigossip.wire import FORMATS, Wire
+from mpigossip.core import kernels
+from mpigossip.core.wire import FORMATS, Wire
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import side_by_side  # noqa: E402

@@ -10,7 +10,7 @@ they ran: ``OMPI_MCA_btl_tcp_progress_thread=1``). Rank 0 and the first rank on 
 * ``link_rate``: rank 0 sends ``--mb`` MB to rank 1 (a 1-byte reply closes the clock), minus
   the latency; ``latency``: half a round trip of 8 bytes;
 * ``rma_rate``: a one-sided read of the same bytes from rank 1's window, in the package's
-  pieces (:mod:`mpigossip.rma`), under a shared lock, as a fraction of ``link_rate``;
+  pieces (:mod:`mpigossip.onesided.rma`), under a shared lock, as a fraction of ``link_rate``;
   ``rma_lock``: an exclusive lock and unlock on rank 1's window with nothing moved;
 * ``wire_cpu``: every rank sends ``--mb`` MB to its counterpart on the next node at once; where
   that takes longer than the links allow and the nodes share the cores, the cores held it: CPU
@@ -41,7 +41,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpigossip import kernels, provenance, rma
+from mpigossip.core import kernels, provenance
+from mpigossip.onesided import rma
 
 
 def _quiet_barrier(comm):

@@ -81,7 +81,7 @@ def main(argv=None):
     p.add_argument("--variant", choices=VARIANTS, default="raccumulate")
     p.add_argument("--mb", type=float, default=4.0, help="window size in MB (default: 4)")
     p.add_argument("--reps", type=int, default=20, help="exchanges per rank (default: 20)")
-    p.add_argument("--piece-kb", type=int, default=64, help="largest request in KiB (default: 64, as mpigossip.rma)")
+    p.add_argument("--piece-kb", type=int, default=64, help="largest request in KiB (default: 64, as mpigossip.onesided.rma)")
     p.add_argument("--flavor", choices=["allocate", "create"], default="allocate")
     p.add_argument("--ordering", choices=["default", "none"], default="default")
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep between exchanges (default: 0)")

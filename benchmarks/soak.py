@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from mpigossip import provenance  # noqa: E402
+from mpigossip.core import provenance  # noqa: E402
 
 #: The methods that survive a dead rank (``--on-failure continue``): (name, train flags).
 METHODS = {

@@ -15,7 +15,7 @@ Communicators work on one flat contiguous buffer (numpy, cupy or torch):
   then any of the above between nodes;
 * :class:`Every` - any of them on every k-th step only.
 
-Every one meets one interface (``mpigossip._base.Steps``): ``step()``, the pair
+Every one meets one interface (``mpigossip.core.base.Steps``): ``step()``, the pair
 ``start()``/``finish()``, ``drain()``, the counter ``steps``, ``state_dict()`` and
 ``load_state_dict()``, ``free()`` and ``with``.
 
@@ -27,28 +27,34 @@ import importlib
 
 __version__ = "0.1.0"
 
-from . import kernels, topology  # noqa: E402  (neither imports MPI)
+from . import topology  # noqa: E402  (neither imports MPI)
+from .core import kernels  # noqa: E402
 
-_LAZY = {"AllreduceAverager": "allreduce", "AsyncPushSum": "agp", "AsyncSGD": "elastic", "ElasticAveraging": "elastic",
-         "Gossip": "gossip", "ParameterServer": "server", "PushSum": "pushsum", "DPSGD": "dpsgd",
-         "ADPSGD": "adpsgd", "NodeMean": "node", "Hierarchical": "hierarchical", "Every": "periodic",
-         "Outer": "outer", "Join": "membership",
-         "buffers": None}
+#: Public name -> the module that defines it (loaded on first use).
+_LAZY = {"AllreduceAverager": "exact.allreduce", "AsyncPushSum": "decentralized.agp", "AsyncSGD": "onesided.elastic",
+         "ElasticAveraging": "onesided.elastic", "Gossip": "decentralized.gossip", "ParameterServer": "onesided.server",
+         "PushSum": "decentralized.pushsum", "DPSGD": "decentralized.dpsgd", "ADPSGD": "onesided.adpsgd",
+         "NodeMean": "exact.node", "Hierarchical": "exact.hierarchical", "Every": "core.periodic",
+         "Outer": "exact.outer", "Join": "resilience.membership"}
+#: Modules users reach from the top (``mpigossip.buffers``, ``from mpigossip import failures``).
+_MODULES = {"buffers": "core.buffers", "wire": "core.wire", "deadline": "core.deadline",
+            "failures": "resilience.failures"}
 
-__all__ = ["ADPSGD", "AllreduceAverager", "AsyncPushSum", "AsyncSGD", "DPSGD", "ElasticAveraging", "Every", "Gossip", "Hierarchical", "Join",
-           "NodeMean", "Outer", "ParameterServer", "PushSum", "buffers", "kernels", "topology", "__version__"]
+__all__ = ["ADPSGD", "AllreduceAverager", "AsyncPushSum", "AsyncSGD", "DPSGD", "ElasticAveraging", "Every", "Gossip",
+           "Hierarchical", "Join", "NodeMean", "Outer", "ParameterServer", "PushSum", "buffers", "deadline",
+           "failures", "kernels", "topology", "wire", "__version__"]
 
 
 def __getattr__(name):
-    if name not in _LAZY:
+    if name in _MODULES:
+        value = importlib.import_module(f".{_MODULES[name]}", __name__)
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _LAZY[name]
-    value = importlib.import_module(f".{module or name}", __name__)
-    if module is not None:
-        value = getattr(value, name)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_MODULES))

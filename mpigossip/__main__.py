@@ -9,7 +9,7 @@ traceback, instead of leaving the other ranks waiting.
 import argparse
 import sys
 
-from . import progress
+from .onesided import progress
 from .train import cli
 
 #: The time model's calibration in a checkout (``reproduce --calibration``'s default).
@@ -144,7 +144,7 @@ def abort_on_uncaught(error):
     import traceback
     sys.stderr.write(f"mpigossip: rank {mpi.COMM_WORLD.Get_rank()}: uncaught exception; aborting the job\n")
     traceback.print_exception(error)
-    from .deadline import abort_job
+    from .core.deadline import abort_job
     abort_job(mpi.COMM_WORLD, 1)   # (under ULFM, MPI_Abort alone ends only this rank)
 
 
@@ -155,7 +155,7 @@ def main(argv=None):
     except (Exception, KeyboardInterrupt) as error:
         abort_on_uncaught(error)
         raise
-    survived = sys.modules.get("mpigossip.failures")
+    survived = sys.modules.get("mpigossip.resilience.failures")
     if survived is not None and survived.seen():  # after a failure MPI_Finalize hangs: end without it
         survived.exit(code or 0)
     return code
@@ -163,7 +163,7 @@ def main(argv=None):
 
 def _run(args):
     if args.command == "info":
-        from . import info
+        from .launch import info
         return info.main(args)
     if args.command in ("train", "compare"):   # before MPI starts: Open MPI reads it in MPI_Init
         decision = progress.apply(cli.algorithms_of(args))
@@ -188,7 +188,7 @@ def _run(args):
                     "synthetic": simulate.problem}
         return sim_cli.main(args, problems=problems)
     if args.command == "launch":
-        from . import slurm
+        from .launch import slurm
         return slurm.main(args)
     if args.command == "reproduce":
         from . import reproduce

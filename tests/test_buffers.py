@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from mpigossip import buffers, launcher
+from mpigossip.core import buffers
+from mpigossip.launch import launcher
 
 
 def test_numpy_is_viewed_zero_copy():
@@ -97,7 +98,7 @@ def test_launcher_sets_local_defaults_without_overriding():
     ({}, 0, 8, []),
 ])
 def test_one_sided_transfers_are_cut_below_the_fragment(monkeypatch, env, count, itemsize, expected):
-    from mpigossip import rma
+    from mpigossip.onesided import rma
     for name in (rma.CHUNK_ENV, "OMPI_MCA_btl_tcp_max_send_size"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
@@ -110,7 +111,7 @@ def test_one_sided_transfers_are_cut_below_the_fragment(monkeypatch, env, count,
 
 
 def test_a_bad_piece_size_is_refused(monkeypatch):
-    from mpigossip import rma
+    from mpigossip.onesided import rma
     for value in ("64k", "-1"):
         monkeypatch.setenv(rma.CHUNK_ENV, value)
         rma.chunk_bytes.cache_clear()
@@ -123,7 +124,7 @@ def test_the_allreduce_algorithm_is_chosen_by_layout_and_size():
     """auto: MPI's on one node and below the measured crossover; across nodes the node-aware
     ring with several (equal) ranks per node, else the flat ring; a forced choice stays, but a
     node-aware ring over unequal nodes falls back to the flat one."""
-    from mpigossip._ring import RING_MIN_BYTES, Layout
+    from mpigossip.exact.ring import RING_MIN_BYTES, Layout
 
     class World:
         def __init__(self, size):

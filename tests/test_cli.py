@@ -22,7 +22,7 @@ def run(*cmd, timeout=120):
 
 
 def test_importing_the_package_starts_neither_mpi_nor_torch():
-    code = ("import sys, mpigossip, mpigossip.launcher, mpigossip.__main__, mpigossip.train.table, "
+    code = ("import sys, mpigossip, mpigossip.launch.launcher, mpigossip.__main__, mpigossip.train.table, "
             "mpigossip.train.plot, mpigossip.train.cli\n"
             "loaded = [m for m in ('mpi4py.MPI', 'torch') if m in sys.modules]\n"
             "assert not loaded, loaded\n"

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 import mpigossip as mg
-from mpigossip._registry import OPTION_DEFAULTS
+from mpigossip.core.registry import OPTION_DEFAULTS
 
 torch = pytest.importorskip("torch")
 import mpigossip.torch as mgt  # noqa: E402

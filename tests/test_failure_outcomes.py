@@ -9,7 +9,7 @@ for arrived: an ``x`` added without its ``w`` (OSGP) or a slot MPI never wrote (
 import pytest
 from mpi4py import MPI
 
-from mpigossip import failures
+from mpigossip.resilience import failures
 
 
 class Request:

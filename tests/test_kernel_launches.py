@@ -4,7 +4,7 @@ checked without a GPU.
 A launch through CuPy's ``RawKernel`` is not type-checked: a missing argument or a Python
 ``int`` where the kernel takes an ``int`` (CuPy passes 8 bytes) reads garbage on the device
 (an int8 encode once read its length from the random seed: launched with seven arguments,
-declared with five). Here the GPU path of :mod:`mpigossip.kernels` and :mod:`mpigossip.wire`
+declared with five). Here the GPU path of :mod:`mpigossip.core.kernels` and :mod:`mpigossip.core.wire`
 runs against stand-in device arrays and a stand-in ``cupy``; each launch is checked, argument by
 argument, against the signature parsed from the CUDA source: count, scalar types (the exact
 numpy type of the C type), and device pointers of the element type the template names.
@@ -18,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from mpigossip import kernels, wire
+from mpigossip.core import kernels, wire
 
 SCALARS = {"double": np.float64, "float": np.float32, "int": np.int32, "unsigned int": np.uint32,
            "long long": np.int64, "unsigned long long": np.uint64}

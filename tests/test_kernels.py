@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from mpigossip import kernels, wire
+from mpigossip.core import kernels, wire
 
 DTYPES = [np.float32, np.float64]
 LENGTHS = [1, 7, 1001, 2 * kernels.CPU_BLOCK + 3]  # the last crosses the CPU path's block boundary

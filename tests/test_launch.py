@@ -1,4 +1,4 @@
-"""``python -m mpigossip launch`` (mpigossip/slurm.py) without Slurm: the command and
+"""``python -m mpigossip launch`` (mpigossip/launch/slurm.py) without Slurm: the command and
 environment built for each launcher, the crash inside MPI_Init recognised and launched again
 (through a stand-in ``srun`` on PATH), and signals passed on. The real thing runs under Slurm
 in tests/test_slurm.py and, across nodes, tests/cluster/slurm_jobs.py."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mpigossip import slurm
+from mpigossip.launch import slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CRASH = os.path.join(HERE, "scripts", "init_crash.py")
@@ -145,7 +145,7 @@ def test_usage_errors():
 def test_launch_sets_the_progress_thread_only_when_told():
     """`launch --progress-thread on|off` sets Open MPI's TCP progress thread for every task, never
     over the user's own setting; `auto` (the default) leaves it to train/compare on each node."""
-    from mpigossip import launcher
+    from mpigossip.launch import launcher
     key = "OMPI_MCA_btl_tcp_progress_thread"
     assert key not in launcher.local_env({}) and key not in slurm.command("srun", ["p"], {})[1]
     for value, expected in (("on", "1"), ("off", "0")):
@@ -163,7 +163,7 @@ def test_launch_sets_the_progress_thread_only_when_told():
 
 
 def test_info_reports_one_sided_progress(monkeypatch):
-    from mpigossip import info
+    from mpigossip.launch import info
     monkeypatch.setenv("OMPI_MCA_btl_tcp_progress_thread", "1")
     assert info.one_sided_progress().startswith("on (Open MPI TCP progress thread)")
     monkeypatch.setenv("OMPI_MCA_btl_tcp_progress_thread", "0")

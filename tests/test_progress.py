@@ -1,12 +1,12 @@
-"""The one-sided progress decision (mpigossip.progress): Open MPI's TCP progress thread on for
+"""The one-sided progress decision (mpigossip.onesided.progress): Open MPI's TCP progress thread on for
 one-sided methods across nodes when each rank has a core, never over a setting already made."""
 
 import os
 
 import pytest
 
-from mpigossip import progress
-from mpigossip.progress import CORES_VARIABLE, VARIABLE, decide
+from mpigossip.onesided import progress
+from mpigossip.onesided.progress import CORES_VARIABLE, VARIABLE, decide
 
 # Open MPI's mpirun: 2 of 8 ranks on this node; srun: 1 task on node 2 of "2(x2),1"; Hydra.
 MPIRUN = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "8"}

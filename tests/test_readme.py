@@ -48,7 +48,7 @@ def test_readme_python_snippets_are_python():
 
 def test_readme_info_sample_matches_info():
     """The `info` sample's lines are the ones `info` prints (the machine's values aside)."""
-    from mpigossip import info
+    from mpigossip.launch import info
     sample = read("README.md").split("python -m mpigossip info\n", 1)[1].split("```", 1)[0]
     assert sample.startswith("mpigossip ") and "thread level:" in sample and "world size:" in sample
     assert "one-sided progress across nodes:" in sample

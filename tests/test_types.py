@@ -8,7 +8,8 @@ import os
 
 import mpigossip as mg
 import mpigossip.torch as mgt
-from mpigossip import failures, topology
+from mpigossip import topology
+from mpigossip.resilience import failures
 
 
 def _members(owner):
@@ -51,8 +52,8 @@ def unannotated(fn):
 def test_every_public_callable_is_annotated():
     api = dict(public_api())
     assert len(api) > 200   # the walk reaches the classes' methods, not only the names
-    for name in ("mpigossip.pushsum.PushSum.__init__", "mpigossip.torch.base._Wrapper.step",
-                 "mpigossip.failures.shrink", "mpigossip.topology.base.Topology.out_peers"):
+    for name in ("mpigossip.decentralized.pushsum.PushSum.__init__", "mpigossip.torch.base._Wrapper.step",
+                 "mpigossip.resilience.failures.shrink", "mpigossip.topology.base.Topology.out_peers"):
         assert name in api, name
     missing = {qual: m for qual, fn in api.items() if (m := unannotated(fn))}
     assert not missing, missing

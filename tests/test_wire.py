@@ -1,11 +1,11 @@
-"""Wire formats (mpigossip.wire) on the CPU: rounding against references, the error kept by
+"""Wire formats (mpigossip.core.wire) on the CPU: rounding against references, the error kept by
 the encode, decode-sums, limits (NaN, inf, saturation, all-zero blocks), bad arguments."""
 
 import numpy as np
 import pytest
 
-from mpigossip import wire
-from mpigossip.wire import INT8_BLOCK, Wire
+from mpigossip.core import wire
+from mpigossip.core.wire import INT8_BLOCK, Wire
 
 FORMATS = list(wire.FORMATS)
 

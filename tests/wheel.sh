@@ -22,14 +22,14 @@ import sys, tarfile, zipfile
 wheel, sdist, version = sys.argv[1:]
 names = zipfile.ZipFile(wheel).namelist()
 need = {"LICENSE": f"mpigossip-{version}.dist-info/licenses/LICENSE", "py.typed": "mpigossip/py.typed",
-        "the CUDA source": "mpigossip/cuda/kernels.cu"}
+        "the CUDA source": "mpigossip/core/cuda/kernels.cu"}
 missing = [what for what, path in need.items() if path not in names]
 assert not missing, f"the wheel lacks {missing}: {sorted(names)[:20]}..."
 meta = zipfile.ZipFile(wheel).read(f"mpigossip-{version}.dist-info/METADATA").decode()
 assert f"Version: {version}\n" in meta and "License-Expression: BSD-3-Clause\n" in meta, meta[:600]
 assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))], "the wheel carries tests or benchmarks"
 members = tarfile.open(sdist).getnames()
-for path in ("LICENSE", "pyproject.toml", "README.md", "mpigossip/cuda/kernels.cu", "mpigossip/py.typed"):
+for path in ("LICENSE", "pyproject.toml", "README.md", "mpigossip/core/cuda/kernels.cu", "mpigossip/py.typed"):
     assert f"mpigossip-{version}/{path}" in members, f"the sdist lacks {path}"
 print(f"wheel: {wheel.rsplit('/', 1)[1]} carries LICENSE, py.typed and kernels.cu; the sdist too")
 PY

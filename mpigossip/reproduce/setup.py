@@ -3,7 +3,7 @@
 import os
 import platform
 
-from ..provenance import commit, versions  # noqa: F401  (re-exported: reports and benchmarks use them here)
+from ..core.provenance import commit, versions  # noqa: F401  (re-exported: reports and benchmarks use them here)
 
 
 def machine():

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from .. import provenance
+from ..core import provenance
 from . import accuracy_time, scaling
 from .timing import Costs
 

@@ -1,7 +1,7 @@
 """Mixing rounds on many virtual ranks in one process, without MPI: the package's topologies
 and kernels applied to a ``(p, n)`` array, one row per virtual rank.
 
-Each mixing round calls :func:`mpigossip.kernels.weighted_sum` with the same operands, in
+Each mixing round calls :func:`mpigossip.core.kernels.weighted_sum` with the same operands, in
 the same order, as the communicator on a real rank (PushSum's synchronous step, gossip
 push), so at the same world size the simulator's rows equal a real MPI run's buffers bit
 for bit (tested at 8 ranks); it then scales to sizes no machine here can launch (p = 1024)
@@ -10,8 +10,8 @@ to show how consensus error scales with the graph and p.
 
 import numpy as np
 
-from .. import kernels
 from .. import topology as topo_mod
+from ..core import kernels
 
 
 def _rows(x):

@@ -23,7 +23,7 @@ parameters, or the center for ``easgd``.
 import numpy as np
 
 from .. import topology as topo_mod
-from .._checks import check_integer
+from ..core.checks import check_integer
 from .mixing import GossipPushSim, PushSumSim, consensus_error
 
 #: The ranks' own models evaluated for ``rank_accuracy`` (evenly spaced, the first and last

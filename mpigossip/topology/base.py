@@ -13,7 +13,7 @@ import abc
 import math
 from fractions import Fraction
 
-from .._checks import check_integer
+from ..core.checks import check_integer
 
 #: Tolerance of the sums checked by :meth:`Topology.check_step` (weights are floats).
 TOLERANCE = 1e-12

@@ -8,7 +8,7 @@ import math
 import random
 from collections.abc import Sequence
 
-from .._checks import check_integer
+from ..core.checks import check_integer
 from .base import Topology, _check_peers, _num_hops
 
 

@@ -15,7 +15,7 @@ import abc
 import math
 from fractions import Fraction
 
-from .._checks import check_integer
+from ..core.checks import check_integer
 from .base import Topology, _num_hops
 
 WEIGHTS = ("metropolis", "lazy")

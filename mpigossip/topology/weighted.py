@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._checks import check_integer
+from ..core.checks import check_integer
 from .base import Topology
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._registry import ALGORITHMS, HIERARCHICAL, OPTIONS, OUTER, options_of
+from ..core.registry import ALGORITHMS, HIERARCHICAL, OPTIONS, OUTER, options_of
 from .allreduce import AllReduce
 from .base import _Wrapper  # noqa: F401 - for subclasses outside the package
 from .decentralized import ADPSGD, DPSGD

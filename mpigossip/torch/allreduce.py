@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._registry import PARAMS_WIRE_REFUSED
-from ..allreduce import AllreduceAverager
+from ..core.registry import PARAMS_WIRE_REFUSED
+from ..exact.allreduce import AllreduceAverager
 from .base import _Wrapper
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class AllReduce(_Wrapper):
     With ``hierarchical=True`` the parameters are averaged in each node's shared memory,
     then across nodes by one ``Allreduce`` per local rank over its slice.
 
-    No ``wire=`` format here (:data:`mpigossip._registry.PARAMS_WIRE_REFUSED`): a compressed
+    No ``wire=`` format here (:data:`mpigossip.core.registry.PARAMS_WIRE_REFUSED`): a compressed
     mean of the parameters would snap the model to the format's grid at every average.
     :class:`GradientAllReduce` (``"allreduce"``) compresses the gradients instead.
 

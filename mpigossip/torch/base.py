@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .. import deadline, failures
-from .._tolerant import recover_together, revoke
-from ..hierarchical import Hierarchical
-from ..periodic import Every
+from ..core import deadline
+from ..core.periodic import Every
+from ..exact.hierarchical import Hierarchical
+from ..resilience import failures
+from ..resilience.tolerant import recover_together, revoke
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ class _Wrapper(abc.ABC):
         """The communicators that survive failures, in the order ``_step`` steps them. With
         more than one (several dtypes or devices; AllReduce's floating-point buffers), a failure
         met in any goes to :meth:`step`, which recovers them together
-        (:func:`mpigossip._tolerant.recover_together`): each recovering on its own, a survivor
+        (:func:`mpigossip.resilience.tolerant.recover_together`): each recovering on its own, a survivor
         could shrink one group while another waits in a later group's exchange with it."""
         return self.comms
 
@@ -168,7 +169,7 @@ class _Wrapper(abc.ABC):
     def agree_on_failures(self) -> None:
         """``on_failure="continue"``, for a caller that steps this wrapper only now and then (an
         outer optimizer's averages): after each step the survivors agree whether a rank failed in
-        it (:func:`mpigossip.failures.agree_failed`) and all recover in that step, so that they
+        it (:func:`mpigossip.resilience.failures.agree_failed`) and all recover in that step, so that they
         meet the failure at the same iteration of their loop (and their checkpoints and
         evaluations, collectives between those steps, stay matched). One ``MPI_Comm_agree`` a
         step."""
@@ -307,7 +308,7 @@ class _Wrapper(abc.ABC):
 
 class _Periodic(_Wrapper):
     """Wrappers that communicate every ``tau`` steps: each communicator is wrapped in
-    :class:`mpigossip.periodic.Every`."""
+    :class:`mpigossip.core.periodic.Every`."""
 
     def _every(self, c):
         return Every(c, self.tau)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..adpsgd import ADPSGD as _ADPSGD
-from ..dpsgd import DPSGD as _DPSGD
+from ..decentralized.dpsgd import DPSGD as _DPSGD
+from ..onesided.adpsgd import ADPSGD as _ADPSGD
 from .base import _Wrapper
 
 if TYPE_CHECKING:

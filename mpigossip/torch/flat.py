@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import buffers, deadline
+from ..core import buffers, deadline
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from mpi4py import MPI
 
-    from ..hints import Buffer
+    from ..core.hints import Buffer
 
 
 class FlatParameters:

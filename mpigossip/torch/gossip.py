@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..gossip import Gossip
+from ..decentralized.gossip import Gossip
 from .base import _Periodic
 
 if TYPE_CHECKING:

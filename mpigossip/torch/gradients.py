@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import buffers, failures
-from .._ring import Layout
-from ..allreduce import AllreduceAverager
+from ..core import buffers
+from ..exact.allreduce import AllreduceAverager
+from ..exact.ring import Layout
+from ..resilience import failures
 from .allreduce import AllReduce
 
 if TYPE_CHECKING:
@@ -53,11 +54,11 @@ class GradientAllReduce(AllReduce):
         model: the torch module.
         comm: communicator (keyword-only).
         bucket_mb: bucket size in MB (25, as DDP's default).
-        wire: ``None`` or a compressed format of :mod:`mpigossip.wire` for the gradients
+        wire: ``None`` or a compressed format of :mod:`mpigossip.core.wire` for the gradients
             (DDP's ``fp16_compress_hook`` / ``bf16_compress_hook``, and int8); the
             BatchNorm statistics stay exact.
         on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on
-            (launched with ULFM: :mod:`mpigossip.failures`). Then each group's gradients are
+            (launched with ULFM: :mod:`mpigossip.resilience.failures`). Then each group's gradients are
             averaged at the end of the backward pass, whole, by a fault-tolerant AllReduce (no
             overlap with the backward pass, no ``wire``); the survivors agree whether a rank
             failed in it (one ``MPI_Comm_agree`` a pass) and, if one did, recover and average

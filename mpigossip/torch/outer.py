@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .. import kernels
-from .. import outer as outer_mod
-from .._registry import INNER_MIXING_FAILURE, OPTION_DEFAULTS, OUTER_BASES
-from ..allreduce import AllreduceAverager
+from ..core import kernels
+from ..core.registry import INNER_MIXING_FAILURE, OPTION_DEFAULTS, OUTER_BASES
+from ..exact import outer as outer_mod
+from ..exact.allreduce import AllreduceAverager
 from .base import _tensors
 
 if TYPE_CHECKING:
@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 class _Outer:
     """Every ``inner_steps`` steps, the ``base`` wrapper averages the parameters (AllReduce,
     SGP, D-PSGD or gossip push, hierarchical too) and an outer optimizer moves the anchor
-    (the model at the previous outer step) by ``anchor - averaged`` (:mod:`mpigossip.outer`,
+    (the model at the previous outer step) by ``anchor - averaged`` (:mod:`mpigossip.exact.outer`,
     one fused kernel per parameter group); between outer steps nothing is sent.
 
     With ``on_failure="continue"`` (a base option) the survivors of a failed rank go on: the
-    base meets the failure at its next average and recovers (:mod:`mpigossip.failures`); the
+    base meets the failure at its next average and recovers (:mod:`mpigossip.resilience.failures`); the
     outer state (anchor, momentum) is each rank's own; after each average the survivors agree
     whether a rank failed in it, so that all recover at the same step. Not with
     ``inner_mixing`` over gossip.
@@ -41,10 +41,10 @@ class _Outer:
     Args:
         model: the torch model.
         comm: communicator (keyword-only).
-        base: the averaging wrapper's name (:data:`mpigossip._registry.OUTER_BASES`).
+        base: the averaging wrapper's name (:data:`mpigossip.core.registry.OUTER_BASES`).
         inner_steps: local steps between outer steps.
         outer_lr, outer_momentum: the outer optimizer's (``None``: the method's defaults,
-            :data:`mpigossip.outer.METHODS`).
+            :data:`mpigossip.exact.outer.METHODS`).
         warmup: steps averaging every step first (post-local SGD).
         inner_mixing: the base also mixes at every step, and an outer step first takes the
             exact mean of the parameters (AllReduce) before the outer update: SlowMo's own

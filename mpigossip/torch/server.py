@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._registry import OPTION_DEFAULTS
-from ..elastic import AsyncSGD as _AsyncWorker
-from ..elastic import ElasticAveraging
-from ..server import ParameterServer
+from ..core.registry import OPTION_DEFAULTS
+from ..onesided.elastic import AsyncSGD as _AsyncWorker
+from ..onesided.elastic import ElasticAveraging
+from ..onesided.server import ParameterServer
 from .base import _Periodic, _Wrapper
 
 if TYPE_CHECKING:

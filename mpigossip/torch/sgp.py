@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .. import kernels
 from .. import topology as topo_mod
-from .._registry import OPTION_DEFAULTS
-from ..pushsum import PushSum
+from ..core import kernels
+from ..core.registry import OPTION_DEFAULTS
+from ..decentralized.pushsum import PushSum
 from .base import _Wrapper
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class SGP(_Wrapper):
     memory) and PushSum runs between nodes on the topology over nodes (``node_size`` as
     :class:`mpigossip.NodeMean`); ``z`` is then written in a separate pass.
 
-    With ``on_failure="continue"`` (launched with ULFM: :mod:`mpigossip.failures`) the
+    With ``on_failure="continue"`` (launched with ULFM: :mod:`mpigossip.resilience.failures`) the
     survivors of a failed rank go on: each group's PushSum recovers in its step, then the
     wrapper's own communicator (consensus, evaluation) shrinks to the survivors too, at the
     step where every group has recorded the failure; ``failures`` lists them.
@@ -182,7 +182,7 @@ class OSGP(SGP):
 class AGP(OSGP):
     """Asynchronous Gradient Push (Assran & Rabbat): OSGP without a bound on the delay, so no
     rank ever waits for another in :meth:`step` (a straggler slows only itself); shares for
-    an out-peer whose link is busy accumulate (:class:`mpigossip.agp.AsyncPushSum`).
+    an out-peer whose link is busy accumulate (:class:`mpigossip.decentralized.agp.AsyncPushSum`).
     :meth:`drain` (collective; run by ``state_dict()`` and ``free()``) receives every share in
     flight, so the mass is exact afterwards even if the ranks ran different numbers of steps.
 

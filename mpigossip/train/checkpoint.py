@@ -14,7 +14,8 @@ import signal
 import torch
 from mpi4py import MPI
 
-from .. import deadline, failures
+from ..core import deadline
+from ..resilience import failures
 from .data import DataError
 
 #: Written into ``OUT/checkpoints`` by rank 0 once a preemption checkpoint is complete.

@@ -9,7 +9,7 @@ import math
 import os
 
 from .. import topology as topo_mod
-from .._registry import (
+from ..core.registry import (
     ALGORITHMS,
     DEFAULT_TOPOLOGY,
     FAULT_TOLERANT,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .. import deadline
+from ..core import deadline
 
 
 def reduce(comm, values, timeout, op=MPI.SUM):

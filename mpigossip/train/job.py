@@ -20,10 +20,14 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .. import __version__, deadline, failures, progress, provenance
+from .. import __version__
 from .. import topology as topo_mod
 from .. import torch as mgt
-from ..info import gpu_count, local_rank, placement
+from ..core import deadline, provenance
+from ..core.nodes import local_rank
+from ..launch.info import gpu_count, placement
+from ..onesided import progress
+from ..resilience import failures
 from . import checkpoint, models
 from . import data as data_mod
 from .cli import (

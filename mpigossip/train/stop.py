@@ -6,7 +6,7 @@ import signal
 import numpy as np
 from mpi4py import MPI
 
-from .. import deadline
+from ..core import deadline
 
 #: Steps between two rounds of the (nonblocking) agreement on a stop request.
 STOP_CHECK_EVERY = 10

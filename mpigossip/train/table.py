@@ -4,7 +4,7 @@ one ``compare`` prints."""
 import json
 import os
 
-from .._registry import ALGORITHMS
+from ..core.registry import ALGORITHMS
 
 COLUMNS = [("algorithm", "algorithm", "{}"), ("lr", "lr", "{:g}"), ("final_accuracy", "test accuracy", "{:.4f}"),
            ("final_loss", "test loss", "{:.4f}"), ("time_per_step_s", "ms/step", "{:.2f}"),

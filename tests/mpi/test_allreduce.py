@@ -164,7 +164,7 @@ def test_pushsum_z_not_matching_x_on_one_rank_raises_everywhere():
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 @pytest.mark.parametrize("n", [1, 7, 70001])
 def test_the_rings_give_the_exact_mean_and_the_same_bytes_everywhere(algorithm, dtype, n):
-    """The ring and node-aware ring (mpigossip._ring) forced, on sizes below the world size
+    """The ring and node-aware ring (mpigossip.exact.ring) forced, on sizes below the world size
     (empty blocks), ragged ones and several segments per block: the exact mean of integer data,
     the same bytes on every rank, blocking and nonblocking (start, test until done, finish)
     alike, and repeated use of the same scratch."""
@@ -224,7 +224,7 @@ def test_rings_in_flight_together_on_one_communicator_keep_their_messages(algori
     started in order and driven in the reverse order, as a backward pass may. With one tag
     scheme for every ring, a later ring's message matched an earlier ring's receive; each ring
     now has tags of its own."""
-    from mpigossip._ring import Layout
+    from mpigossip.exact.ring import Layout
     c = comm()
     shared = c.Dup()
     layout = Layout(shared, timeout=60)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import mpigossip as mg
-from mpigossip import failures
 from mpigossip import topology as T
+from mpigossip.resilience import failures
 
 from .helpers import comm, global_sum
 from .test_kinds import KINDS, integer_data, make, to_host

@@ -121,7 +121,7 @@ def test_one_sided_windows_across_nodes_without_progress_warn_once(monkeypatch):
 
     from mpi4py import MPI
 
-    from mpigossip import progress, rma
+    from mpigossip.onesided import progress, rma
     c = comm()
     node = c.Split_type(MPI.COMM_TYPE_SHARED)
     spans = node.Get_size() < c.Get_size()

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpigossip as mg
-from mpigossip._base import MPIObject, Stateful, Steps, step_tag, tag_bound, tag_period
+from mpigossip.core.base import MPIObject, Stateful, Steps, step_tag, tag_bound, tag_period
 
 from .helpers import comm, global_sum
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import mpigossip as mg
-from mpigossip import buffers
 from mpigossip import topology as T
+from mpigossip.core import buffers
 
 from .helpers import comm, global_sum
 

@@ -6,7 +6,7 @@ import pytest
 
 import mpigossip as mg
 from mpigossip import topology as T
-from mpigossip._pushsum_base import PushSumBase
+from mpigossip.decentralized.pushsum_base import PushSumBase
 
 from .helpers import comm, consensus_distance, global_sum, same_on_all_ranks
 
@@ -291,7 +291,7 @@ def test_agp_reposts_a_receive_only_after_the_combine_reading_it(monkeypatch):
     event on the slot, and the next receive posted into the slot must first wait for it."""
     from types import SimpleNamespace
 
-    from mpigossip import buffers
+    from mpigossip.core import buffers
     c = comm()
     fake = _FakeCuda()
     monkeypatch.setattr(buffers, "_cupy", lambda: SimpleNamespace(cuda=fake))

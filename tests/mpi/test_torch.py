@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 import mpigossip as mg  # noqa: E402
 import mpigossip.torch as mgt  # noqa: E402
-from mpigossip._registry import WIRE  # noqa: E402
+from mpigossip.core.registry import WIRE  # noqa: E402
 
 from .helpers import comm, global_sum, same_on_all_ranks  # noqa: E402
 

@@ -8,7 +8,7 @@ import pytest
 
 import mpigossip as mg
 from mpigossip import topology as T
-from mpigossip.wire import FORMATS, INT8_BLOCK
+from mpigossip.core.wire import FORMATS, INT8_BLOCK
 
 from .helpers import comm, consensus_distance, global_sum, same_on_all_ranks
 from .test_mixing import dyadic_fn
@@ -270,7 +270,7 @@ def test_a_non_finite_value_on_one_rank_stays_in_its_element(fmt, bad, how):
 def pseudo_nodes(c, per_node):
     """A Layout of ``c`` as if every ``per_node`` consecutive ranks shared a node (one machine
     standing in for several nodes: the node-aware paths' exchanges between nodes run)."""
-    from mpigossip._ring import Layout
+    from mpigossip.exact.ring import Layout
     layout = Layout.__new__(Layout)
     layout.comm, layout.node = c, c.Split(c.rank // per_node, c.rank)
     layout.local_size, layout.one_node, layout.uniform = per_node, per_node == c.size, True

