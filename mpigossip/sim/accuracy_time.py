@@ -240,6 +240,6 @@ def markdown(rows, accuracy):
                                               if m != MIXING[m][0])
             + ", osgp:D as sgp delay D; AGP a round every round(1 / models moved per step) steps. Left out: the "
             "accuracy simulator steps all ranks together (an asynchronous method's ranks at different speeds "
-            "count at their mean pace) on a convex problem; AGP's messages carry what accumulated while the last "
-            "was in flight, counted here as one PushSum share."]
+            "count at their mean pace) on the one problem named above; AGP's messages carry what accumulated while "
+            "the last was in flight, counted here as one PushSum share."]
     return "\n".join(out)
