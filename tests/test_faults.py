@@ -104,7 +104,7 @@ def test_lost_peer_ends_job_with_a_named_timeout(how, extra):
     ("construct", r"mpigossip: rank [023]/4: PushSum \(construction\): timed out after 3 s "
                   r"waiting for all ranks \(Ibarrier\)"),
     ("average", r"mpigossip: rank [023]/4: AllreduceAverager\.average: timed out after 3 s "
-                r"waiting for all ranks \(Ibarrier\)"),
+                r"waiting for all ranks \(a blocking collective; the watchdog\)"),
     # on_failure="continue": a hung peer is no failure ULFM reports; the exchange's own deadline
     # names the peers still awaited
     ("tolerant", r"mpigossip: rank [023]/4: PushSum\.step \(step 5\): timed out after 3 s waiting for "

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
-from ..core import buffers, deadline, kernels
+from ..core import buffers, kernels, watchdog
 from ..core.base import Communicator, check_chunk_bytes
 from ..core.checks import integer_error
 from ..resilience import failures
@@ -145,35 +145,35 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
     def _average(self):
         """Blocking exact mean.
 
-        A deadline-guarded ``Ibarrier`` first makes sure every rank has arrived, so a rank
-        that never does is caught instead of hanging a blocking call. Then blocking
-        ``Allreduce`` calls (MPI's tuned algorithms, faster than ``Iallreduce``'s for large
-        buffers) reduce the buffer chunk by chunk, each chunk scaled by ``1/n`` right after
-        its reduction while it is still in cache.
+        Blocking ``Allreduce`` calls (MPI's tuned algorithms, faster than ``Iallreduce``'s for
+        large buffers) reduce the buffer chunk by chunk, each chunk scaled by ``1/n`` right
+        after its reduction while it is still in cache. They run under the process's watchdog
+        (:mod:`mpigossip.core.watchdog`): a rank that never arrives ends the job, named, at no
+        cost per call.
         """
         self._check_idle()
         if self.size == 1:
             self.steps += 1
             return
+        op = f"{self._name}.average"
         if self._node_compressed is not None:
             t = self._transport
             t.before_send()
-            deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
-            self._node_compressed.run()
+            with watchdog.watching(self.comm, self.timeout, op):
+                self._node_compressed.run()
             t.after_recv()
             self.buffer.release()
             self.steps += 1
             return
         if self._compressed is not None:
-            deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
             self._start()
             self._finish_average()
             return
         t = self._transport
         t.before_send()
-        deadline.barrier(self.comm, timeout=self.timeout, op=f"{self._name}.average")
         if self._ring is not None:  # the mean, scaled by the ring
-            self._ring.run(t.memory)
+            with watchdog.watching(self.comm, self.timeout, op):
+                self._ring.run(t.memory)
             t.after_recv()
             self.buffer.release()
             self.steps += 1
@@ -181,11 +181,12 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         in_place = not (t.staged or self.buffer.on_device)
         array, inv = self.buffer.array, 1.0 / self.size
         n = self.buffer.size
-        for lo in range(0, n, self._chunk):
-            hi = min(n, lo + self._chunk)
-            self.comm.Allreduce(MPI.IN_PLACE, t.part(lo, hi), MPI.SUM)
-            if in_place:
-                kernels.scale(array[lo:hi], inv)
+        with watchdog.watching(self.comm, self.timeout, op):
+            for lo in range(0, n, self._chunk):
+                hi = min(n, lo + self._chunk)
+                self.comm.Allreduce(MPI.IN_PLACE, t.part(lo, hi), MPI.SUM)
+                if in_place:
+                    kernels.scale(array[lo:hi], inv)
         if not in_place:
             t.after_recv()
             kernels.scale(array, inv)

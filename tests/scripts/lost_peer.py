@@ -4,8 +4,9 @@ job with a deadline message instead of hanging.
     lost_peer.py stop|kill [step|construct|average|tolerant]
 
 step: after 5 PushSum steps; construct: before constructing PushSum (its Idup);
-average: before the 5th AllreduceAverager.average (its Ibarrier guard); tolerant: as step,
-with PushSum(on_failure="continue") (its persistent exchange has a deadline of its own).
+average: before the 5th AllreduceAverager.average (a blocking Allreduce under the watchdog);
+tolerant: as step, with PushSum(on_failure="continue") (its persistent exchange has a deadline of
+its own).
 """
 
 import os
