@@ -11,7 +11,11 @@ already set, what Open MPI 5 needs there:
   the fault-tolerant paths send in pieces under it, all eager over TCP, as a rendezvous between
   two survivors, one of which has revoked the communicator, was seen hanging the other inside
   ``MPI_Testall`` across nodes; larger pieces are fewer messages, and the limit sizes the TCP
-  fragments Open MPI reserves: 1 GiB had reserved ~9 GB of address space per rank);
+  fragments Open MPI reserves: 1 GiB had reserved ~9 GB of address space per rank) and
+  ``PRTE_MCA_state_base_recoverable=1`` (a replacement that
+  :func:`mpigossip.resilience.grow.replace` spawns is a job of its own, which ``--with-ft`` does
+  not reach: without it, the launcher calls its end without ``MPI_Finalize`` improper and
+  exits 1);
 
 puts this Python's ``bin`` first on ``PATH`` (so ``python`` in the command is this one)
 and ``exec``s ``mpiexec`` with the given arguments. On a cluster use the site's
@@ -28,7 +32,8 @@ LOCAL_DEFAULTS = {
 }
 ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 #: What a fault-tolerant launch (``--with-ft ulfm``) sets unless already set.
-FAULT_TOLERANT_DEFAULTS = {"OMPI_MCA_coll": "^han", "OMPI_MCA_btl_tcp_eager_limit": str(4 << 20)}
+FAULT_TOLERANT_DEFAULTS = {"OMPI_MCA_coll": "^han", "OMPI_MCA_btl_tcp_eager_limit": str(4 << 20),
+                           "PRTE_MCA_state_base_recoverable": "1"}
 
 
 def local_env(environ=None, argv=()):

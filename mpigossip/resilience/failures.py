@@ -404,7 +404,7 @@ def shrink(comm: MPI.Comm, step: int, *, timeout: float, op: str, share: Any = N
             comm.Revoke()
         except MPI.Exception:  # already revoked by another survivor
             pass
-        with _deadline(timeout, f"{op}: MPI_Comm_shrink did not return within {timeout:g} s"):
+        with blocking_deadline(timeout, f"{op}: MPI_Comm_shrink did not return within {timeout:g} s"):
             new = comm.Shrink()
         new.Set_errhandler(MPI.ERRORS_RETURN)
         kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), comm.Get_group())
@@ -430,7 +430,7 @@ def agree(comm: MPI.Comm, ok: bool, *, timeout: float, op: str) -> bool:
     """``MPI_Comm_agree`` of ``ok`` over the live ranks of ``comm``: True if it was true on
     every one of them and none failed before contributing (the same answer on every survivor)."""
     try:
-        with _deadline(timeout, f"{op}: MPI_Comm_agree did not return within {timeout:g} s"):
+        with blocking_deadline(timeout, f"{op}: MPI_Comm_agree did not return within {timeout:g} s"):
             return bool(comm.Agree(1 if ok else 0))
     except MPI.Exception as exc:
         if exc.Get_error_class() not in FAILED:
@@ -450,7 +450,7 @@ def agree_failed(comm: MPI.Comm, failed: bool, *, timeout: float, op: str) -> bo
     answer is the same on every survivor, so that all recover at the same step even when some
     completed their exchanges. Blocking, under the same deadline as :func:`shrink`."""
     try:
-        with _deadline(timeout, f"{op}: MPI_Comm_agree did not return within {timeout:g} s"):
+        with blocking_deadline(timeout, f"{op}: MPI_Comm_agree did not return within {timeout:g} s"):
             return not comm.Agree(0 if failed else 1)
     except MPI.Exception as exc:  # a rank failed before contributing: raised alike on every survivor
         if exc.Get_error_class() not in FAILED:
@@ -459,7 +459,7 @@ def agree_failed(comm: MPI.Comm, failed: bool, *, timeout: float, op: str) -> bo
 
 
 @contextlib.contextmanager
-def _deadline(seconds, message):
+def blocking_deadline(seconds: float, message: str) -> Iterator[None]:
     """End this process (exit 1) with ``message`` and every thread's stack unless the block
     has finished within ``seconds``: for a blocking MPI call that has no deadline of its own."""
     rank = MPI.COMM_WORLD.Get_rank()  # (the timer's thread makes no MPI call)

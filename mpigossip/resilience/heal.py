@@ -1,0 +1,130 @@
+"""Healing after growing back: a newcomer gets its state from a live peer (#45, item 2).
+
+After :func:`mpigossip.resilience.grow.replace` (on the survivors) and
+:func:`~mpigossip.resilience.grow.join` (on the newcomers), every rank of the grown
+communicator calls one of these, collectively:
+
+- :func:`split` (PushSum, OSGP, AGP): a donor, the survivor with the largest weight, splits its
+  ``(x, w)`` in two and sends one half to the newcomer. ``x * 0.5`` and ``x - x * 0.5`` add up
+  to ``x`` exactly in floating point, element by element, and so do the weights, so Σx and Σw
+  over the ranks are what the survivors held, and ``z = x / w`` is the donor's on both.
+- :func:`broadcast` (AllReduce-based and outer methods): the newcomer receives a survivor's
+  buffer (the model, an optimizer state flattened), so that every rank holds the same.
+
+Both send in pieces of at most :func:`mpigossip.resilience.failures.chunk_bytes` (eagerly:
+see there), with the deadline ``timeout``; a peer failing during the heal raises
+:class:`~mpigossip.resilience.failures.PeerFailure` on the ranks that meet it. Buffers may be
+numpy, cupy or torch (CPU or CUDA), staged through the host where MPI is not CUDA-aware.
+The averager is then built again over the grown communicator with the healed ``(x, w)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..core import buffers, deadline
+from . import failures
+
+_TAG_W, _TAG_X = 0x4EA1, 0x4EA2  # a share's weight and its pieces (the receiver posts the pieces first)
+
+
+def donors(weights: list[float | None], newcomers: list[int]) -> dict[int, int]:
+    """Which survivor gives each newcomer half its mass: ``{newcomer: donor}``.
+
+    ``weights[r]`` is rank r's weight (None for a newcomer). Newcomers are served in rank order,
+    each by the survivor then holding the largest weight (the lowest rank among equals), whose
+    weight is halved before the next one is chosen: the same answer on every rank."""
+    held = {r: float(w) for r, w in enumerate(weights) if w is not None and r not in newcomers}
+    if not held:
+        raise ValueError("no survivor to heal from")
+    plan = {}
+    for new in sorted(newcomers):
+        donor = max(held, key=lambda r: (held[r], -r))
+        plan[new] = donor
+        held[donor] *= 0.5
+    return plan
+
+
+def split(x: Any, weight: float, *, comm: MPI.Intracomm, newcomers: list[int], timeout: float | None = None,
+          stage: bool | None = None, cuda_aware: bool | None = None, op: str = "heal.split") -> float:
+    """Collective over the grown communicator: give each newcomer half of a donor's ``(x, w)``.
+
+    Args:
+        x: this rank's PushSum numerator (updated in place: halved on a donor, overwritten on a
+            newcomer; the same length and dtype on every rank).
+        weight: this rank's PushSum weight (ignored on a newcomer).
+        newcomers: the ranks of ``comm`` the newcomers took (``Grown.newcomers``; what
+            ``join`` returns on a newcomer): the same list on every rank.
+        stage, cuda_aware: as for the communicators (a device buffer staged through the host
+            where MPI is not CUDA-aware).
+
+    Returns:
+        This rank's weight after the heal.
+    """
+    timeout = deadline.check_timeout(timeout)
+    rank, news = comm.Get_rank(), sorted(int(r) for r in newcomers)
+    new = rank in news
+    problem = None
+    if not new and not (math.isfinite(weight) and weight > 0):
+        problem = f"a survivor's weight must be finite and > 0, got {weight!r}"
+    buf = buffers.check_buffer(x, comm=comm, op=op, name="x", timeout=timeout, same={"newcomers": news},
+                               error=problem)
+    weights = deadline.allgather(comm, None if new else float(weight), timeout=timeout, op=op)
+    plan = donors(weights, news)
+    for newcomer, donor in sorted(plan.items()):
+        if rank == donor:
+            array = buf.array
+            keep = array * 0.5
+            half = array - keep      # keep + half == x exactly (x / 2 is exact, or a subnormal's rounding)
+            array[...] = keep
+            kept = weight * 0.5
+            _send(buffers.Transport(half, stage=stage, cuda_aware=cuda_aware), weight - kept, comm=comm,
+                  dest=newcomer, timeout=timeout, op=op)
+            weight = kept
+        elif rank == newcomer:
+            weight = _recv(buffers.Transport(buf, stage=stage, cuda_aware=cuda_aware), comm=comm, source=donor,
+                           timeout=timeout, op=op)
+    return weight
+
+
+def broadcast(x: Any, *, comm: MPI.Intracomm, root: int = 0, timeout: float | None = None,
+              stage: bool | None = None, cuda_aware: bool | None = None, op: str = "heal.broadcast") -> None:
+    """Collective over the grown communicator: every rank's ``x`` becomes ``root``'s (a
+    survivor's), in pieces (same length and dtype on every rank)."""
+    timeout = deadline.check_timeout(timeout)
+    problem = None if 0 <= root < comm.Get_size() else f"root must be a rank below {comm.Get_size()}, got {root!r}"
+    buf = buffers.check_buffer(x, comm=comm, op=op, name="x", timeout=timeout, same={"root": root}, error=problem)
+    transport = buffers.Transport(buf, stage=stage, cuda_aware=cuda_aware)
+    if comm.Get_rank() == root:
+        transport.before_send()
+    memory = transport.memory
+    with failures.raised_as_failure(op):
+        requests = [comm.Ibcast(piece, root=root) for piece in failures.pieces([memory, buf.datatype])]
+    failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{root} (the heal's root)")
+    if comm.Get_rank() != root:
+        transport.after_recv()
+        buf.synchronize()
+
+
+def _send(transport, weight, *, comm, dest, timeout, op):
+    transport.before_send()
+    w = np.array([weight], dtype=np.float64)
+    with failures.raised_as_failure(op):
+        requests = [comm.Isend(w, dest=dest, tag=_TAG_W)]
+        requests += [comm.Isend(piece, dest=dest, tag=_TAG_X) for piece in failures.pieces(transport.spec)]
+    failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{dest} (a newcomer)")
+
+
+def _recv(transport, *, comm, source, timeout, op):
+    w = np.empty(1, dtype=np.float64)
+    with failures.raised_as_failure(op):   # the data's receives first: none arrives unexpected
+        data = [comm.Irecv(piece, source=source, tag=_TAG_X) for piece in failures.pieces(transport.spec)]
+        requests = [*data, comm.Irecv(w, source=source, tag=_TAG_W)]
+    failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{source} (the donor)")
+    transport.after_recv()
+    transport.buffer.synchronize()
+    return float(w[0])

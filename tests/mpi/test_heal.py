@@ -1,0 +1,83 @@
+"""mpigossip.resilience.heal without a failure: the last ranks play the newcomers of a grown
+communicator. A donor's two halves add up to its (x, w) exactly, element by element (odd
+integers, a subnormal), z = x / w is the donor's on both, the other ranks are untouched, on
+every buffer kind; broadcast gives every rank the root's buffer; misuse raises the same
+ValueError on every rank. With a real failure and spawn: tests/test_faults.py (grow.py)."""
+
+import numpy as np
+import pytest
+
+from mpigossip.resilience import heal
+
+from .helpers import comm
+from .test_kinds import KINDS, make, to_host
+
+TINY = 5e-324   # the smallest subnormal: x * 0.5 rounds it, x - x * 0.5 keeps the sum exact
+
+
+def test_donors_take_the_largest_weight_and_halve_it():
+    assert heal.donors([1.0, 3.0, 2.0, None], [3]) == {3: 1}
+    assert heal.donors([1.0, 3.0, 2.0, None, None], [3, 4]) == {3: 1, 4: 2}   # 3 -> 1.5 < 2
+    assert heal.donors([2.0, 2.0, None, None], [2, 3]) == {2: 0, 3: 1}        # ties: the lower rank
+    assert heal.donors([4.0, 1.0, None, None], [2, 3]) == {2: 0, 3: 0}        # 4 -> 2 > 1
+    with pytest.raises(ValueError, match="no survivor"):
+        heal.donors([None, None], [0, 1])
+
+
+def _data(rank, n=1031):
+    values = np.random.default_rng(70 + rank).integers(-999, 999, n).astype(np.float64) * 2 + 1   # odd
+    values[:3] = [TINY, -3 * TINY, 1e-310]
+    return values
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_split_hands_half_of_a_donor_exactly(kind, stage):
+    c = comm()
+    newcomers = [c.size - 1] if c.size < 3 else [1, c.size - 1]
+    new = c.rank in newcomers
+    weight = 0.0 if new else 1.0 + 0.37 * c.rank
+    host = np.full(1031, np.nan) if new else _data(c.rank) * weight
+    x = make(kind, host)
+    before_x, before_w = c.allgather(None if new else host.copy()), c.allgather(None if new else weight)
+    after_w = heal.split(x, weight, comm=c, newcomers=newcomers, stage=stage, timeout=60)
+    xs, ws = c.allgather(to_host(x).copy()), c.allgather(after_w)
+    plan = heal.donors(before_w, newcomers)
+    for r in range(c.size):
+        if r in newcomers:
+            continue
+        given = [n for n, d in plan.items() if d == r]
+        total_x = xs[r] + sum((xs[n] for n in given), np.zeros_like(xs[r]))
+        total_w = ws[r] + sum(ws[n] for n in given)
+        np.testing.assert_array_equal(total_x, before_x[r])   # nothing made or lost, element by element
+        assert total_w == before_w[r]
+        normal = slice(3, None)
+        for n in given:
+            np.testing.assert_array_equal(xs[n][normal] / ws[n], before_x[r][normal] / before_w[r])
+        np.testing.assert_array_equal(xs[r][normal] / ws[r], before_x[r][normal] / before_w[r])
+        if not given:
+            np.testing.assert_array_equal(xs[r], before_x[r])
+            assert ws[r] == before_w[r]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind, stage", KINDS)
+def test_broadcast_gives_every_rank_the_roots_buffer(kind, stage):
+    c = comm()
+    root = 1 % c.size
+    x = make(kind, _data(c.rank, n=100_003))
+    heal.broadcast(x, comm=c, root=root, stage=stage, timeout=60)
+    np.testing.assert_array_equal(to_host(x), _data(root, n=100_003))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_misuse_is_refused_on_every_rank():
+    c = comm()
+    with pytest.raises(ValueError, match="differs across ranks"):
+        heal.split(np.ones(10 + (c.rank == 0)), 1.0, comm=c, newcomers=[c.size - 1], timeout=60)
+    with pytest.raises(ValueError, match="newcomers differs"):
+        heal.split(np.ones(10), 1.0, comm=c, newcomers=[c.size - 1 - (c.rank == 0)], timeout=60)
+    with pytest.raises(ValueError, match=r"rank 0: a survivor's weight must be finite and > 0"):
+        heal.split(np.ones(10), 0.0 if c.rank == 0 else 1.0, comm=c, newcomers=[c.size - 1], timeout=60)
+    with pytest.raises(ValueError, match="root must be a rank below"):
+        heal.broadcast(np.ones(10), comm=c, root=c.size, timeout=60)
