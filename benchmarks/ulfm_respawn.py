@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,7 @@ def survivor(args):
     x = np.full(int(args.mb * (1 << 20) // 8), float(rank))
     out = np.empty_like(x)
     comm.Allreduce(x, out)
+    hosts = comm.allgather(socket.gethostname())
     comm.Barrier()
     if rank == victim:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -83,8 +85,13 @@ def survivor(args):
         t = time.monotonic()
         if args.mode == "spawn":
             child = [os.path.abspath(__file__), "--child", "--mb", str(args.mb), "--dead", str(dead[0])]
+            info = MPI.Info.Create()
+            if args.spawn_on != "default":   # where the newcomer goes: the dead rank's host, or rank 0's
+                info.Set("host", hosts[dead[0]] if args.spawn_on == "dead" else hosts[0])
+                info.Set("map_by", ":OVERSUBSCRIBE")
+            times["spawn_host"] = None if args.spawn_on == "default" else info.Get("host")
             inter = new.Spawn(sys.executable, child + (["--finalize"] if args.finalize else []), maxprocs=len(dead),
-                              root=0)
+                              info=info, root=0)
         else:
             port = MPI.Open_port() if new.Get_rank() == 0 else None
             if port is not None:
@@ -192,6 +199,10 @@ def main():
     p.add_argument("--timeout", type=float, default=120.0, help="accept mode's launch: seconds before both jobs end")
     p.add_argument("--port-file", default=None)
     p.add_argument("--finalize", action="store_true", help="end with MPI_Finalize (default: without)")
+    p.add_argument("--spawn-on", choices=("default", "dead", "survivor"), default="default",
+                   help="spawn mode: where the newcomer goes (MPI_Info host): the launcher's choice, the dead "
+                   "rank's host, or rank 0's (across nodes, Open MPI 5.0.11: on the dead rank's host, when no "
+                   "other rank of the job lives there, the newcomer fails in MPI_Init)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dead", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -83,6 +83,12 @@ def seen() -> bool:
     return _seen[0]
 
 
+def note_recovered() -> None:
+    """Mark this process as part of a job that recovered from a failure (a newcomer spawned into
+    it): :func:`seen` is true from now on, and it must end with :func:`exit` as the survivors do."""
+    _seen[0] = True
+
+
 def _error_class(exc, statuses):
     cls = exc.Get_error_class()
     if cls == MPI.ERR_IN_STATUS and statuses:  # the class of the first request that failed

@@ -56,7 +56,7 @@ def newcomer() -> bool:
 
 
 def replace(comm: MPI.Intracomm, lost: list[int], *, argv: list[str] | None = None, timeout: float,
-            op: str = "grow.replace") -> Grown | None:
+            info: dict[str, str] | None = None, op: str = "grow.replace") -> Grown | None:
     """Collective over the survivors: start one process per lost rank running ``argv``
     (default: this process's command line) and return the grown communicator, or None (one
     warning) if the spawn was refused.
@@ -66,6 +66,10 @@ def replace(comm: MPI.Intracomm, lost: list[int], *, argv: list[str] | None = No
             its ranks in the order they had before the failure.
         lost: the ranks that failed, numbered as before the failure (an averager's
             ``failures[-1]["ranks"]``, ``Recovery.lost``): the newcomers take these.
+        info: ``MPI_Comm_spawn``'s info keys (Open MPI: ``host``, ``map_by``, ``bind_to``,
+            ...), e.g. ``{"host": "node3", "map_by": ":OVERSUBSCRIBE", "bind_to": "none"}``
+            where the launcher still counts the dead ranks' slots as taken (``mpirun`` inside
+            a Slurm allocation).
     """
     lost = sorted(int(r) for r in lost)
     if not lost:
@@ -78,7 +82,13 @@ def replace(comm: MPI.Intracomm, lost: list[int], *, argv: list[str] | None = No
     start = time.monotonic()
     try:
         with failures.blocking_deadline(timeout, f"{op}: MPI_Comm_spawn did not return within {timeout:g} s"):
-            inter = comm.Spawn(argv[0], argv[1:], maxprocs=len(lost), root=0)
+            spawn_info = MPI.Info.Create()
+            for key, value in (info or {}).items():
+                spawn_info.Set(key, value)
+            try:
+                inter = comm.Spawn(argv[0], argv[1:], maxprocs=len(lost), info=spawn_info, root=0)
+            finally:
+                spawn_info.Free()
     except MPI.Exception as exc:
         if comm.Get_rank() == 0:
             warnings.warn(f"{op}: no replacement for rank(s) {lost} ({exc.Get_error_string().strip()}); "
@@ -97,6 +107,7 @@ def join(*, timeout: float, op: str = "join") -> tuple[MPI.Intracomm, list[int]]
     if parent == MPI.COMM_NULL:
         raise RuntimeError(f"{op}: this process was not started by mpigossip.resilience.grow.replace()")
     parent.Set_errhandler(MPI.ERRORS_RETURN)
+    failures.note_recovered()   # (MPI_Finalize would wait for the survivors' disconnect: end with failures.exit)
     lost: list[int] = []
 
     def key(merged):

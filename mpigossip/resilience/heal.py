@@ -10,6 +10,8 @@ communicator calls one of these, collectively:
   over the ranks are what the survivors held, and ``z = x / w`` is the donor's on both.
 - :func:`broadcast` (AllReduce-based and outer methods): the newcomer receives a survivor's
   buffer (the model, an optimizer state flattened), so that every rank holds the same.
+- :func:`handover`: a donor's picklable state (a training job's optimizer state, step, clock)
+  to its newcomer.
 
 Both send in pieces of at most :func:`mpigossip.resilience.failures.chunk_bytes` (eagerly:
 see there), with the deadline ``timeout``; a peer failing during the heal raises
@@ -21,6 +23,7 @@ The averager is then built again over the grown communicator with the healed ``(
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any
 
 import numpy as np
@@ -32,13 +35,15 @@ from . import failures
 _TAG_W, _TAG_X = 0x4EA1, 0x4EA2  # a share's weight and its pieces (the receiver posts the pieces first)
 
 
-def donors(weights: list[float | None], newcomers: list[int]) -> dict[int, int]:
+def donors(weights: list[Any], newcomers: list[int]) -> dict[int, int]:
     """Which survivor gives each newcomer half its mass: ``{newcomer: donor}``.
 
-    ``weights[r]`` is rank r's weight (None for a newcomer). Newcomers are served in rank order,
-    each by the survivor then holding the largest weight (the lowest rank among equals), whose
-    weight is halved before the next one is chosen: the same answer on every rank."""
-    held = {r: float(w) for r, w in enumerate(weights) if w is not None and r not in newcomers}
+    ``weights[r]`` is rank r's weight, or its parameter groups' weights (a list: the smallest
+    counts), None for a newcomer. Newcomers are served in rank order, each by the survivor then
+    holding the largest weight (the lowest rank among equals), whose weight is halved before the
+    next one is chosen: the same answer on every rank."""
+    held = {r: float(min(w) if isinstance(w, (list, tuple)) else w) for r, w in enumerate(weights)
+            if w is not None and r not in newcomers}
     if not held:
         raise ValueError("no survivor to heal from")
     plan = {}
@@ -49,46 +54,81 @@ def donors(weights: list[float | None], newcomers: list[int]) -> dict[int, int]:
     return plan
 
 
-def split(x: Any, weight: float, *, comm: MPI.Intracomm, newcomers: list[int], timeout: float | None = None,
-          stage: bool | None = None, cuda_aware: bool | None = None, op: str = "heal.split") -> float:
+def split(x: Any, weight: Any, *, comm: MPI.Intracomm, newcomers: list[int], timeout: float | None = None,
+          stage: bool | None = None, cuda_aware: bool | None = None, op: str = "heal.split") -> Any:
     """Collective over the grown communicator: give each newcomer half of a donor's ``(x, w)``.
 
     Args:
         x: this rank's PushSum numerator (updated in place: halved on a donor, overwritten on a
-            newcomer; the same length and dtype on every rank).
-        weight: this rank's PushSum weight (ignored on a newcomer).
+            newcomer; the same length and dtype on every rank), or a list of them (parameter
+            groups: one donor gives half of every group).
+        weight: this rank's PushSum weight, or a list of them (ignored on a newcomer).
         newcomers: the ranks of ``comm`` the newcomers took (``Grown.newcomers``; what
             ``join`` returns on a newcomer): the same list on every rank.
         stage, cuda_aware: as for the communicators (a device buffer staged through the host
             where MPI is not CUDA-aware).
 
     Returns:
-        This rank's weight after the heal.
+        This rank's weight after the heal (a list for a list).
     """
     timeout = deadline.check_timeout(timeout)
+    grouped = isinstance(x, (list, tuple))
+    xs, ws = (list(x), [float(w) for w in weight]) if grouped else ([x], [float(weight)])
     rank, news = comm.Get_rank(), sorted(int(r) for r in newcomers)
     new = rank in news
     problem = None
-    if not new and not (math.isfinite(weight) and weight > 0):
+    if len(ws) != len(xs):
+        problem = f"{len(xs)} buffers and {len(ws)} weights"
+    elif not new and not all(math.isfinite(w) and w > 0 for w in ws):
         problem = f"a survivor's weight must be finite and > 0, got {weight!r}"
-    buf = buffers.check_buffer(x, comm=comm, op=op, name="x", timeout=timeout, same={"newcomers": news},
-                               error=problem)
-    weights = deadline.allgather(comm, None if new else float(weight), timeout=timeout, op=op)
-    plan = donors(weights, news)
+    bufs = [buffers.check_buffer(b, comm=comm, op=op, name=f"x[{i}]" if grouped else "x", timeout=timeout,
+                                 same={"newcomers": news, "groups": len(xs)}, error=problem)
+            for i, b in enumerate(xs)]
+    plan = donors(deadline.allgather(comm, None if new else ws, timeout=timeout, op=op), news)
+    for newcomer, donor in sorted(plan.items()):
+        for i, buf in enumerate(bufs):
+            if rank == donor:
+                array = buf.array
+                keep = array * 0.5
+                half = array - keep      # keep + half == x exactly (x / 2 is exact, or a subnormal's rounding)
+                array[...] = keep
+                kept = ws[i] * 0.5
+                _send(buffers.Transport(half, stage=stage, cuda_aware=cuda_aware), ws[i] - kept, comm=comm,
+                      dest=newcomer, timeout=timeout, op=op)
+                ws[i] = kept
+            elif rank == newcomer:
+                ws[i] = _recv(buffers.Transport(buf, stage=stage, cuda_aware=cuda_aware), comm=comm, source=donor,
+                              timeout=timeout, op=op)
+    return ws if grouped else ws[0]
+
+
+def handover(obj: Any, *, comm: MPI.Intracomm, plan: dict[int, int], timeout: float | None = None,
+             op: str = "heal.handover") -> Any:
+    """Collective over the grown communicator: each donor of ``plan`` (``{newcomer: donor}``, as
+    :func:`donors` gives) sends ``obj`` (picklable: a state dict with its tensors) to its
+    newcomer, in pieces. Returns what a newcomer received, ``obj`` elsewhere."""
+    timeout = deadline.check_timeout(timeout)
+    rank = comm.Get_rank()
     for newcomer, donor in sorted(plan.items()):
         if rank == donor:
-            array = buf.array
-            keep = array * 0.5
-            half = array - keep      # keep + half == x exactly (x / 2 is exact, or a subnormal's rounding)
-            array[...] = keep
-            kept = weight * 0.5
-            _send(buffers.Transport(half, stage=stage, cuda_aware=cuda_aware), weight - kept, comm=comm,
-                  dest=newcomer, timeout=timeout, op=op)
-            weight = kept
+            data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+            size = np.array([data.size], dtype=np.int64)
+            with failures.raised_as_failure(op):
+                requests = [comm.Isend(size, dest=newcomer, tag=_TAG_W)]
+                requests += [comm.Isend(piece, dest=newcomer, tag=_TAG_X)
+                             for piece in failures.pieces([data, MPI.BYTE])]
+            failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{newcomer} (a newcomer)")
         elif rank == newcomer:
-            weight = _recv(buffers.Transport(buf, stage=stage, cuda_aware=cuda_aware), comm=comm, source=donor,
-                           timeout=timeout, op=op)
-    return weight
+            size = np.empty(1, dtype=np.int64)
+            with failures.raised_as_failure(op):
+                first = comm.Irecv(size, source=donor, tag=_TAG_W)
+            failures.wait([first], comm=comm, timeout=timeout, op=op, peer=f"{donor} (the donor)")
+            data = np.empty(int(size[0]), dtype=np.uint8)
+            with failures.raised_as_failure(op):
+                requests = [comm.Irecv(piece, source=donor, tag=_TAG_X) for piece in failures.pieces([data, MPI.BYTE])]
+            failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{donor} (the donor)")
+            obj = pickle.loads(data.tobytes())
+    return obj
 
 
 def broadcast(x: Any, *, comm: MPI.Intracomm, root: int = 0, timeout: float | None = None,

@@ -130,11 +130,13 @@ def add_arguments(parser, *, sweep=False):
     if not sweep:
         parser.add_argument("--overwrite", action="store_true",
                             help="start over in an --out folder that holds another run's checkpoints (deletes them)")
-    parser.add_argument("--on-failure", default=OPTION_DEFAULTS["on_failure"], choices=("abort", "continue"),
+    parser.add_argument("--on-failure", default=OPTION_DEFAULTS["on_failure"], choices=("abort", "continue", "replace"),
                         help="a rank that dies: abort ends the job (then Slurm's requeue resumes it from the last "
                         "checkpoint); continue: the survivors train on (sgp, osgp, agp, dpsgd, gossip-push, allreduce, "
                         "allreduce-params and the outer methods over them; launch with mpiexec --with-ft ulfm or 'launch --fault-tolerant'; "
-                        "evaluates at the end only) (default: %(default)s)")
+                        "evaluates at the end only); replace: as continue, and the survivors start a new rank in the "
+                        f"dead one's place, which takes its state from a live one ({', '.join(REPLACEABLE)}) "
+                        "(default: %(default)s)")
     parser.add_argument("--kill", action="append", default=[], metavar="RANK:STEP",
                         help="fault injection: rank RANK kills itself (SIGKILL) before step STEP (repeatable), to "
                         "try --on-failure")
@@ -202,7 +204,7 @@ def check_arguments(args, algorithms, lrs, size):
         if unsupported:
             raise UsageError(f"--wire: {', '.join(unsupported)} cannot send compressed messages; "
                              f"choose from {', '.join(WIRE)} (or an outer optimizer over one)")
-    if getattr(args, "on_failure", "abort") == "continue":
+    if getattr(args, "on_failure", "abort") in ("continue", "replace"):
         check_on_failure(args, algorithms)
     if args.hierarchical:
         unsupported = [a for a in algorithms if a not in HIERARCHICAL]
@@ -222,7 +224,14 @@ def check_arguments(args, algorithms, lrs, size):
 
 
 def check_on_failure(args, algorithms):
-    """``--on-failure continue``: the algorithms and flags it covers."""
+    """``--on-failure continue`` and ``replace``: the algorithms and flags they cover."""
+    if args.on_failure == "replace":
+        if len(algorithms) > 1:
+            raise UsageError("--on-failure replace: one --algorithm at a time (a newcomer joins the run under way)")
+        others = [a for a in algorithms if a not in REPLACEABLE]
+        if others:
+            raise UsageError(f"--on-failure replace: {', '.join(others)}: not yet (it takes "
+                             f"{', '.join(REPLACEABLE)}; --on-failure continue trains on without the dead rank)")
     one_sided = [a for a in algorithms if a in ONE_SIDED]
     if one_sided:
         raise UsageError(f"--on-failure continue: {', '.join(one_sided)}: {ONE_SIDED_FAILURE}")
@@ -236,6 +245,11 @@ def check_on_failure(args, algorithms):
         if value:
             raise UsageError(f"--on-failure continue does not take {flag} yet (the survivors evaluate at the end, "
                              f"over a communicator of their own)")
+
+
+#: The algorithms ``--on-failure replace`` grows back: the PushSum family heals a newcomer with half a
+#: donor's mass (Σx, Σw exact), the others hand it a survivor's model and optimizer state.
+REPLACEABLE = ("sgp", "osgp", "agp", "dpsgd", "allreduce", "allreduce-params")
 
 
 def topology_name(args, algorithm):
@@ -282,8 +296,21 @@ def parse_kill(spec, size):
     return rank, step
 
 
+#: Set in a process that ``MPI_Comm_spawn`` started (Open MPI; MPICH's PMI): a newcomer of
+#: ``--on-failure replace``, whose own launch is one process and which joins a run of its size.
+SPAWNED = ("OMPI_PARENT_PORT", "PMI_SPAWNED")
+
+
+def spawned():
+    """Whether this process was spawned into a running job (read before MPI starts)."""
+    return any(os.environ.get(key) for key in SPAWNED)
+
+
 def launcher_world_size():
-    """The world size the launcher announces in the environment, or None."""
+    """The world size the launcher announces in the environment, or None (also in a spawned
+    process: its launch of one is not the run's size)."""
+    if spawned():
+        return None
     for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
         value = os.environ.get(key)
         if value and value.isdigit():

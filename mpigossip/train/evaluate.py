@@ -49,18 +49,21 @@ class Evaluator:
         comm, size, rank = self.comm, self.comm.Get_size(), self.comm.Get_rank()
         consensus = algo.consensus_parameters()
         algo.load_consensus(consensus, algo.consensus_buffers(), into=self.model)
-        distance = 0.0
+        own_distance = 0.0
         for mean, own in zip(consensus, algo.model_buffers()):
-            distance += float(((own.detach().double().cpu().numpy() - mean) ** 2).sum())
-        distance = math.sqrt(reduce(comm, distance, self.timeout) / size)
+            own_distance += float(((own.detach().double().cpu().numpy() - mean) ** 2).sum())
+        distance = math.sqrt(reduce(comm, own_distance, self.timeout) / size)
         n = len(self.x)
         lo, hi = rank * n // size, (rank + 1) * n // size  # the consensus model: split the test set
         c_correct, c_loss = reduce(comm, list(accuracy(self.model, self.x[lo:hi], self.y[lo:hi])), self.timeout)
         m = min(n, RANK_EVAL_SAMPLES)
         r_correct, _ = accuracy(model, self.x[:m], self.y[:m])  # this rank's own model
-        rank_accs = deadline.allgather(comm, r_correct / m, timeout=self.timeout, op="train (evaluate)")
+        ranks = deadline.allgather(comm, (r_correct / m, math.sqrt(own_distance)), timeout=self.timeout,
+                                   op="train (evaluate)")
+        rank_accs = [a for a, _ in ranks]
         out = {"test_loss": c_loss / n, "test_accuracy": c_correct / n, "consensus_distance": distance,
-               "rank_accuracy_mean": float(np.mean(rank_accs)), "rank_accuracy_min": float(np.min(rank_accs))}
+               "rank_accuracy_mean": float(np.mean(rank_accs)), "rank_accuracy_min": float(np.min(rank_accs)),
+               "rank_distances": [d for _, d in ranks]}   # each rank's model from the consensus, by rank
         if hasattr(algo, "center_parameters"):  # EASGD, ASGD: the center is the model they train
             algo.load_consensus(algo.center_parameters(), algo.consensus_buffers(), into=self.model)
             k_correct, k_loss = reduce(comm, list(accuracy(self.model, self.x[lo:hi], self.y[lo:hi])), self.timeout)

@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import sys
 import time
 
@@ -27,8 +28,8 @@ from ..core import deadline, provenance
 from ..core.nodes import local_rank
 from ..launch.info import gpu_count, placement
 from ..onesided import progress
-from ..resilience import failures
-from . import checkpoint, models
+from ..resilience import failures, grow
+from . import checkpoint, models, regrow
 from . import data as data_mod
 from .cli import (
     DEFAULTS,
@@ -83,7 +84,7 @@ def interactive():
 class Run:
     """One training run of one algorithm at one learning rate."""
 
-    def __init__(self, args, comm, algorithm, lr, out):
+    def __init__(self, args, comm, algorithm, lr, out, newcomer=False):
         self.args, self.comm, self.algorithm, self.lr, self.out = args, comm, algorithm, lr, out
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.initial_size = self.size
@@ -110,11 +111,16 @@ class Run:
         else:
             self.steps = DEFAULTS["steps"]
         self.on_failure = getattr(args, "on_failure", "abort")
+        self.tolerant = self.on_failure in ("continue", "replace")   # (replace: continue, then grow back)
+        self.newcomer = newcomer   # spawned into the run in a dead rank's place (--on-failure replace)
+        self.grow_pending, self.lost, self.grow_at = False, [], 0   # (replace) a failure followed, not yet replaced
+        self.hosts = []   # (replace) each rank's host, where a dead rank's replacement goes
         # Surviving a failure: evaluate at the end only, over the survivors (an evaluation's
         # collectives would meet a failure outside the algorithm's recovery).
-        self.eval_every = self.steps if self.on_failure == "continue" else args.eval_every or max(1, self.steps // 10)
+        self.eval_every = self.steps if self.tolerant else args.eval_every or max(1, self.steps // 10)
         # fault injection (--kill RANK:STEP, ranks of the launch): [(rank, step)], and the step this rank dies at
-        self.kills = [parse_kill(spec, MPI.COMM_WORLD.Get_size()) for spec in getattr(args, "kill", None) or []]
+        kills = [] if newcomer else getattr(args, "kill", None) or []
+        self.kills = [parse_kill(spec, MPI.COMM_WORLD.Get_size()) for spec in kills]
         self.kill_at = None
         for r, at in self.kills:
             if r == MPI.COMM_WORLD.Get_rank():
@@ -153,7 +159,8 @@ class Run:
                  "peers": args.peers, "max_delay": args.max_delay, "hierarchical": args.hierarchical,
                  "node_size": args.node_size, "base": args.base, "inner_steps": args.inner_steps,
                  "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, "warmup": args.warmup_steps,
-                 "wire": args.wire, "inner_mixing": args.inner_mixing, "on_failure": self.on_failure,
+                 "wire": args.wire, "inner_mixing": args.inner_mixing,
+                 "on_failure": "continue" if self.tolerant else self.on_failure,
                  "topology": topo_mod.make(topology_name(args, averaging), peers=args.peers, seed=args.seed)}
         accepted = mgt.options_of(self.algorithm, args.base)
         return mgt.make(self.algorithm, self.model, comm=self.comm, timeout=self.timeout,
@@ -242,6 +249,10 @@ class Run:
         self.evaluate = Evaluator(self.eval_model, self.x_test, self.y_test, comm=self.comm, timeout=self.timeout)
         self.failures.append(self._failure_record(self.algo.failures[self.failures_seen], rec, t0))
         self.failures_seen += 1
+        # (replace) grow back once every survivor has reached the step after the last one at which one
+        # followed the failure (OSGP and AGP let ranks drift: one behind catches up first)
+        self.lost, self.grow_pending = rec.lost, self.on_failure == "replace"
+        self.grow_at = max(int(s) for s in rec.shared) + 1
         event = self.failures[-1]
         if self.comm.Get_rank() == 0:
             met = event["met_at_step"]
@@ -276,24 +287,32 @@ class Run:
 
     def run(self):
         args, comm = self.args, self.comm
-        if self.out:
-            self._open_outputs()
-        if args.resume:
-            self.start_step = checkpoint.resume(self, args.resume)
+        stop = None
+        if self.newcomer:   # (regrow.heal_run has placed it in the run: no collective of the start here)
+            if self.out:
+                self.metrics_file = open(os.path.join(self.out, f"metrics-rank{self.rank}.jsonl"), "a")
+        else:
+            if self.out:
+                self._open_outputs()
+            if args.resume:
+                self.start_step = checkpoint.resume(self, args.resume)
+            # SIGUSR1/SIGTERM: checkpoint, exit 75 (not while surviving failures: its per-step collective)
+            stop = StopAgreement(comm, self.timeout) if self.out and self.on_failure == "abort" else None
+            if self.on_failure == "replace":
+                self.hosts = deadline.allgather(comm, socket.gethostname(), timeout=self.timeout, op="train (hosts)")
+            if self.start_step == 0:  # the starting point of the curves: the model before training
+                self._log({"step": -1, "steps_done": 0, "time_s": 0.0, **self.evaluate(self.model, self.algo)})
+            deadline.barrier(comm, timeout=self.timeout, op="train start")
         progress = self.rank == 0 and not args.quiet and interactive()
-        # SIGUSR1/SIGTERM: checkpoint, exit 75 (not while surviving failures: its per-step collective)
-        stop = StopAgreement(comm, self.timeout) if self.out and self.on_failure == "abort" else None
-        if self.start_step == 0:  # the starting point of the curves: the model before training
-            self._log({"step": -1, "steps_done": 0, "time_s": 0.0, **self.evaluate(self.model, self.algo)})
-        deadline.barrier(comm, timeout=self.timeout, op="train start")
         self.t_start = time.perf_counter() - self.before["wall_s"]
         self.aside_s = self.before["aside_s"]  # evaluations, logging and checkpoints: not part of a step's time
         self.train_s = 0.0
         self.waited0 = deadline.waited_seconds() - self.before["blocked_s"]
         last, last_print = {}, 0.0
-        if self.on_failure == "continue":   # a failure met outside a step (a drain) is followed at once
+        if self.tolerant:   # a failure met outside a step (a drain) is followed at once
             self.algo.after_failure = self._follow_algorithm
-        for step in range(self.start_step, self.steps):
+        step = self.start_step
+        while step < self.steps:
             self._at_step = step
             if stop is not None and stop.stop_at(step, self.start_step):
                 return self._preempt(step)
@@ -307,7 +326,7 @@ class Run:
             if weights:
                 self.weight_min = min(self.weight_min, *weights)
                 record["weights"] = [float(w) for w in weights]
-            if self.on_failure == "continue":
+            if self.tolerant:
                 self._follow_algorithm()   # (done already where the wrapper called it back)
             self.train_s = record["train_s"]  # this rank's training time at its last step (before drain)
             t_aside = time.perf_counter()
@@ -320,11 +339,14 @@ class Run:
                 # one); a rank that fails in it leaves it uncommitted
                 state = checkpoint.state_of(self, step + 1)
                 checkpoint.save_checkpoint(self.comm, self.out, step + 1, state, self.timeout,
-                                           tolerant=self.on_failure == "continue")
+                                           tolerant=self.tolerant)
             self.aside_s += time.perf_counter() - t_aside
             if progress and (time.perf_counter() - last_print > 0.2 or step + 1 == self.steps):
                 last_print = time.perf_counter()
                 self._progress(step, record, last)
+            step += 1
+            if self.grow_pending and step >= self.grow_at:   # (--on-failure replace) the dead replaced
+                step = regrow.grow_back(self, step)
         if progress:
             print()
         if stop is not None:
@@ -349,6 +371,7 @@ class Run:
                    "final_loss": final["test_loss"],
                    "final_accuracy": final["test_accuracy"], "consensus_distance": final["consensus_distance"],
                    "rank_accuracy_mean": final["rank_accuracy_mean"], "rank_accuracy_min": final["rank_accuracy_min"],
+                   "rank_distances": final["rank_distances"],
                    **{k: final[k] for k in ("center_loss", "center_accuracy") if k in final},
                    "wall_time_s": wall_max, "train_time_s": train_max,
                    "time_per_step_s": train_max / max(1, done), "throughput_steps_s": throughput,
@@ -417,8 +440,8 @@ def check_world(args, algorithms, lrs, comm):
     if warning:
         print(warning, file=sys.stderr, flush=True)
     check_arguments(args, algorithms, lrs, comm.Get_size())
-    if getattr(args, "on_failure", "abort") == "continue" and comm.Get_size() > 1 and not failures.enabled():
-        raise UsageError("--on-failure continue needs Open MPI's fault tolerance (ULFM), which this launch did not "
+    if getattr(args, "on_failure", "abort") != "abort" and comm.Get_size() > 1 and not failures.enabled():
+        raise UsageError(f"--on-failure {args.on_failure} needs Open MPI's fault tolerance (ULFM), which this launch did not "
                          "turn on: a dead rank would still end the job. Launch with `mpiexec --with-ft ulfm` "
                          "(or `mpigossip-mpiexec --with-ft ulfm`, `python -m mpigossip launch --fault-tolerant`)")
     if args.device == "cuda" and gpu_count() == 0:
@@ -428,17 +451,20 @@ def check_world(args, algorithms, lrs, comm):
 def main(args):
     comm = MPI.COMM_WORLD
     algorithms = algorithms_of(args)
+
+    def out_for(algorithm, lr):
+        if not args.out:
+            return None
+        return os.path.join(args.out, algorithm) if len(algorithms) > 1 else args.out
+    if grow.newcomer():   # spawned in a dead rank's place (--on-failure replace): it joins the run under way
+        regrow.newcomer_main(args, Run, out_for)   # (the survivors' rank 0 prints the run's line)
+        return 0
     try:
         check_world(args, algorithms, [args.lr], comm)
     except UsageError as exc:
         return fail(comm, str(exc), 2)
     if args.resume and args.algorithm == "all":
         return fail(comm, "--resume needs one --algorithm", 2)
-
-    def out_for(algorithm, lr):
-        if not args.out:
-            return None
-        return os.path.join(args.out, algorithm) if len(algorithms) > 1 else args.out
     folders = [out_for(a, args.lr) for a in algorithms]
     try:
         check_out_folders(args, folders)

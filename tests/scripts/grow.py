@@ -158,6 +158,11 @@ total = np.array([float(rank)])
 comm.Allreduce(MPI.IN_PLACE, total)
 checks["numbering"] = bool(total[0] == size * (size - 1) / 2)
 ok = all(checks.values())
+try:   # every rank is done with the checks before any ends: a rank still inside the last collective
+    comm.Barrier()   # when another has ended (os._exit: no MPI_Finalize) may see it as failed
+except MPI.Exception as exc:   # (then the others have all entered the barrier: their checks are done)
+    if exc.Get_error_class() not in failures.FAILED:
+        raise
 print("grow: " + json.dumps({"role": role, "rank": rank, "size": size, "taken": taken, "ok": ok, "failure": failure,
                              "checks": checks, "grown_s": grown_s, "healed_s": healed_s,
                              "weight": weight if mixing else None}), flush=True)

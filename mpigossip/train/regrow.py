@@ -1,0 +1,173 @@
+"""``train --on-failure replace``: the training job grows back to its size after a failure (#45).
+
+On the survivors, right after they followed a failure (the algorithm recovered and the job's
+communicator shrank; :meth:`~mpigossip.train.job.Run._survive`), :func:`grow_back` takes the
+run's state (the algorithm drained), frees the algorithm, and
+:func:`mpigossip.resilience.grow.replace` spawns one process per dead rank running this same
+command line. Such a process finds itself a newcomer and runs :func:`newcomer_main`: it takes
+the dead rank's number in the grown communicator, so the dead rank's data shard, output files
+and place in the graph. Every rank then builds the algorithm again over the grown
+communicator and calls :func:`heal`:
+
+- the PushSum family (SGP, OSGP, AGP): a donor (the survivor with the largest weight) gives
+  the newcomer half of each parameter group's ``(x, w)``
+  (:func:`mpigossip.resilience.heal.split`: Σx and Σw exact, the donor's model on both);
+- the others (AllReduce, D-PSGD): the newcomer takes a survivor's model.
+
+The donor also hands over (:func:`mpigossip.resilience.heal.handover`) what the newcomer needs
+to go on as one of the others: the optimizer's state, the step, the learning-rate schedule's
+place (the step), the run's clock and its record of failures. The newcomer draws its batches
+from a stream of its own (the seed, its rank and the step it starts at). ``summary.json``
+records the replacement under the failure (``"replaced"``: who, the donors, the spawn's and
+the heal's seconds). A spawn that cannot start leaves the run at the smaller size (one warning).
+"""
+
+import os
+import random
+import socket
+import time
+
+import numpy as np
+import torch
+
+from ..core import deadline
+from ..core.nodes import local_rank
+from ..resilience import grow, heal
+from . import checkpoint
+from .cli import algorithms_of
+from .evaluate import Evaluator
+
+OP = "train (--on-failure replace)"
+#: Test hook: ``MPIGOSSIP_REPLACE_WITH="PROGRAM ARGS"`` spawns that instead of this command line
+#: (a program that does not exist: the spawn is refused, the run goes on at the smaller size).
+REPLACE_WITH = "MPIGOSSIP_REPLACE_WITH"
+
+
+def grow_back(run, step):
+    """On the survivors, after the failure followed before ``step`` (the step each would take
+    next): replace the dead ranks and heal them (collective over the survivors, then over the
+    grown communicator). Returns the step every rank goes on from: the survivors' largest (a
+    method that lets ranks drift, OSGP or AGP, met the failure at different steps; the rebuilt
+    algorithm starts with its step counters equal on every rank)."""
+    run.grow_pending = False
+    t0 = time.perf_counter()
+    step = max(deadline.allgather(run.comm, int(step), timeout=run.timeout, op=OP))
+    if step >= run.steps:   # nothing left to train: no newcomer
+        run.failures[-1]["replaced"] = {"ranks": [], "skipped": "the run ended"}
+        return step
+    state = checkpoint.state_of(run, step)   # (drains the algorithm first)
+    run.algo.free()
+    argv = os.environ.get(REPLACE_WITH, "").split() or None   # (tests: a program that cannot start)
+    info = _placement(run)
+    grown = grow.replace(run.comm, run.lost, argv=argv, timeout=run.timeout, info=info, op=OP)
+    comm, newcomers = (grown.comm, grown.newcomers) if grown is not None else (run.comm, [])
+    rebuild(run, comm)
+    heal_run(run, newcomers, state, spawn_s=grown.seconds if grown is not None else None, t0=t0)
+    run.failures[-1]["replaced"]["refused"] = grown is None   # (the same on every survivor)
+    return step
+
+
+def _placement(run):
+    """Where the newcomers may go (``MPI_Comm_spawn``'s info): the hosts where a survivor lives, the
+    least loaded first, oversubscribed and unbound if their slots are taken (``mpirun`` inside a
+    Slurm allocation counts a dead rank's slot as taken). Not a host where only dead ranks lived:
+    across nodes, Open MPI 5.0.11's newcomer fails in ``MPI_Init`` there
+    (``benchmarks/ulfm_respawn.py --spawn-on dead``). None where the hosts are not known."""
+    if len(run.hosts) != run.size + len(run.lost):
+        return None
+    alive = [run.hosts[r] for r in range(len(run.hosts)) if r not in run.lost]
+    load = {host: alive.count(host) for host in alive}
+    hosts = sorted(load, key=lambda host: (load[host], host))
+    return {"host": ",".join(hosts), "map_by": ":OVERSUBSCRIBE", "bind_to": "none"}
+
+
+def rebuild(run, comm):
+    """The run over ``comm``: the algorithm built again (collective; a newcomer's Run does the same)."""
+    run.comm, run.rank, run.size = comm, comm.Get_rank(), comm.Get_size()
+    if run.args.device == "cuda":
+        local_rank(comm)   # (collective: a newcomer's Run picks its GPU so)
+    run.algo = run.make_algorithm()
+
+
+def heal_run(run, newcomers, state, *, spawn_s=None, t0=None):
+    """Collective over the grown communicator (every survivor with its ``state``, every newcomer
+    with None): the newcomers' state from their donors; every rank's loaded into the rebuilt
+    algorithm."""
+    t_heal = time.perf_counter()
+    comm, new = run.comm, run.comm.Get_rank() in newcomers
+    mixing = bool(getattr(run.algo, "weights", None))   # the PushSum family
+    if mixing:
+        if new:
+            xs = [np.zeros_like(np.asarray(x)) for x in run.algo.numerators]
+            ws = [0.0] * len(xs)
+        else:
+            xs = [t.numpy() for t in state["algo"]["numerators"]]
+            ws = [float(c["weight"]) for c in state["algo"]["comms"]]
+        weights = deadline.allgather(comm, None if new else ws, timeout=run.timeout, op=OP)
+        plan = heal.donors(weights, newcomers) if newcomers else {}
+        ws = heal.split(xs, ws, comm=comm, newcomers=newcomers, timeout=run.timeout, op=OP)
+    else:
+        plan = heal.donors([None if r in newcomers else 1.0 for r in range(comm.Get_size())],
+                           newcomers) if newcomers else {}
+    given = None
+    if not new:
+        given = dict(state, algo=dict(state["algo"], numerators=None) if mixing else state["algo"])
+    received = heal.handover(given, comm=comm, plan=plan, timeout=run.timeout, op=OP)
+    if new:
+        state = received
+    if mixing:
+        if new:
+            state["algo"]["numerators"] = [torch.from_numpy(x) for x in xs]
+        for c, w in zip(state["algo"]["comms"], ws):
+            c["weight"] = w
+    _align(state["algo"], int(state["step"]))
+    run.model.load_state_dict(state["model"])   # (the rebuilt algorithm broadcast rank 0's)
+    run.algo.load_state_dict(state["algo"])
+    if new:
+        _adopt(run, state)
+    record = {"ranks": list(newcomers), "donors": {str(k): v for k, v in plan.items()}, "spawn_s": spawn_s,
+              "heal_s": time.perf_counter() - t_heal,
+              "total_s": time.perf_counter() - t0 if t0 is not None else None,
+              "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None}
+    gathered = deadline.allgather(comm, (record, socket.gethostname()), timeout=run.timeout, op=OP)
+    run.hosts = [host for _, host in gathered]
+    record = dict(gathered[0][0], hosts={str(r): run.hosts[r] for r in newcomers})   # where each newcomer runs
+    run.failures[-1]["replaced"] = record
+    run.evaluate = Evaluator(run.eval_model, run.x_test, run.y_test, comm=comm, timeout=run.timeout)
+    run.algo.after_failure = run._follow_algorithm
+    run.failures_seen = 0
+    if comm.Get_rank() == 0 and newcomers:
+        print(f"\n{run.algorithm}: rank{'s' if len(newcomers) > 1 else ''} {', '.join(map(str, newcomers))} "
+              f"replaced: back at {comm.Get_size()} ranks in {record['total_s']:.2f} s (spawn {spawn_s:.2f} s, "
+              f"heal {record['heal_s']:.2f} s)", flush=True)
+
+
+def _align(algo_state, step):
+    """The step counters of an algorithm's state set to ``step``, the same on every rank (the
+    messages of a step pair up by its number)."""
+    for part in [algo_state, *algo_state.get("comms", [])]:
+        if "steps" in part:
+            part["steps"] = step
+
+
+def _adopt(run, state):
+    """A newcomer takes on its donor's place in the run: optimizer, step, clock, failures."""
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.start_step = int(state["step"])
+    run.times = dict(state["times"])
+    run.before = dict(state["clock"])
+    run.failures = [dict(f) for f in state["failures"]]
+    run.initial_size = int(state["initial_world_size"])
+    run.rng = np.random.default_rng([run.args.seed, run.rank, run.start_step])
+    run.slow_rng = random.Random(f"delay:{run.args.seed}:{run.rank}:{run.start_step}")
+
+
+def newcomer_main(args, run_class, out):
+    """A process spawned by :func:`grow_back`: join the grown communicator, heal, train to the
+    end. Returns the run's summary."""
+    timeout = deadline.check_timeout(args.timeout)
+    comm, taken = grow.join(timeout=timeout, op=OP)
+    algorithm = algorithms_of(args)[0]
+    run = run_class(args, comm, algorithm, args.lr, out(algorithm, args.lr), newcomer=True)
+    heal_run(run, taken, None)
+    return run.run()
