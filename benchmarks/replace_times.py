@@ -1,0 +1,111 @@
+"""How long a training job takes to grow back after a failure (#45): ``train --on-failure replace``
+with one rank killed, at model sizes where the heal's transfer counts.
+
+    python benchmarks/replace_times.py [--widths 2000 5000] [--algorithms sgp allreduce]
+        [--ranks 4] [--steps 40] [--kill-at 15] [--victim 2]
+        [--mpiexec "tests/cluster/mpiexec --map-by node"] [--out benchmarks/results] [--name replace-times]
+
+Each run trains the digits MLP (two hidden layers of ``--widths`` units: 2000 is 16 MB of float32
+parameters, 5000 is 100 MB) under ``MPIEXEC --with-ft ulfm`` (default: the venv's
+``mpigossip-mpiexec``, one node; ``tests/cluster/mpiexec --map-by node`` across the emulated
+nodes) and kills rank ``--victim`` at step ``--kill-at``. From each run's ``summary.json``: the
+survivors' recovery, the spawn, the heal (from the rebuilt algorithm to every rank loaded:
+the PushSum family sends half the numerators and pickles the donor's model and optimizer state;
+AllReduce and D-PSGD the state only), and from the recovery to the job back at full size;
+every run must end at its size with its mass exact (PushSum family). Writes ``OUT/NAME.json``
+(the summaries, the commit and versions) and ``OUT/NAME.md``; exits 1 if a run failed.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from mpigossip.core import provenance  # noqa: E402
+
+
+def model_mb(width, inputs=64, classes=10):
+    """The MLP's parameters in MB of float32 (two hidden layers of ``width``)."""
+    return 4 * (inputs * width + width + width * width + width + width * classes + classes) / 2 ** 20
+
+
+def run(args, algorithm, width, folder):
+    launcher = shlex.split(args.mpiexec) if args.mpiexec else [
+        os.path.join(os.path.dirname(sys.executable), "mpigossip-mpiexec")]
+    cmd = [*launcher[:1], "--with-ft", "ulfm", *launcher[1:], "-n", str(args.ranks), sys.executable, "-m", "mpigossip",
+           "train", "--algorithm", algorithm, "--width", str(width), "--steps", str(args.steps),
+           "--on-failure", "replace", "--kill", f"{args.victim}:{args.kill_at}", "--quiet", "--timeout", "120",
+           "--out", folder]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    path = os.path.join(folder, "summary.json")
+    summary = json.load(open(path)) if proc.returncode == 0 and os.path.exists(path) else None
+    return proc, summary, time.monotonic() - t0
+
+
+def row(algorithm, width, summary):
+    f = summary["failures"][0]
+    r = f["replaced"]
+    exact = "weight_sum" not in summary or abs(summary["weight_sum"][0] + f["weight_lost"] - len(summary["rank_distances"])) < 1e-9
+    return {"algorithm": algorithm, "width": width, "model_mb": round(model_mb(width), 1),
+            "world_size": summary["world_size"], "recovery_s": f["recovery_s"], "spawn_s": r["spawn_s"],
+            "heal_s": r["heal_s"], "back_after_recovery_s": r["back_at_s"] - f["recovered_at_s"],
+            "newcomer_host": r["hosts"].get(str(r["ranks"][0])) if r["ranks"] else None,
+            "final_accuracy": summary["final_accuracy"], "mass_exact": exact}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--widths", type=int, nargs="+", default=[2000, 5000])
+    p.add_argument("--algorithms", nargs="+", default=["sgp", "allreduce"])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--kill-at", type=int, default=15)
+    p.add_argument("--victim", type=int, default=2)
+    p.add_argument("--mpiexec", default=None, help="launcher command (default: the venv's mpigossip-mpiexec)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--name", default="replace-times")
+    args = p.parse_args(argv)
+    rows, failed = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for width in args.widths:
+            for algorithm in args.algorithms:
+                proc, summary, seconds = run(args, algorithm, width, os.path.join(tmp, f"{algorithm}-{width}"))
+                if summary is None or summary["world_size"] != args.ranks:
+                    failed.append(f"{algorithm} width {width}: exit {proc.returncode}\n{proc.stdout[-2000:]}"
+                                  f"{proc.stderr[-2000:]}")
+                    continue
+                rows.append(dict(row(algorithm, width, summary), run_s=seconds))
+                print(f"replace_times: {json.dumps(rows[-1])}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    where = args.mpiexec or "mpigossip-mpiexec (one node)"
+    with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
+        json.dump({"commit": provenance.commit(), "versions": provenance.versions(), "launcher": where,
+                   "ranks": args.ranks, "steps": args.steps, "kill_at": args.kill_at, "victim": args.victim,
+                   "rows": rows, "failed": failed}, f, indent=2)
+    with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
+        f.write(f"# Growing back: rank {args.victim} of {args.ranks} killed at step {args.kill_at} ({where})\n\n")
+        f.write("| method | model MB | recovery (s) | spawn (s) | heal (s) | back at full size after the recovery (s) "
+                "| newcomer on | accuracy | mass exact |\n|---|---|---|---|---|---|---|---|---|\n")
+        for r in rows:
+            f.write(f"| {r['algorithm']} | {r['model_mb']} | {r['recovery_s']:.3f} | {r['spawn_s']:.2f} | "
+                    f"{r['heal_s']:.2f} | {r['back_after_recovery_s']:.2f} | {r['newcomer_host']} | "
+                    f"{r['final_accuracy']:.4f} | {r['mass_exact']} |\n")
+        for failure in failed:
+            f.write(f"\nFailed: {failure.splitlines()[0]}\n")
+        f.write(f"\nCommit {provenance.commit()}; {provenance.versions()}.\n")
+    for failure in failed:
+        print(f"replace_times: FAILED {failure}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
