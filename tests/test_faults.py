@@ -453,7 +453,8 @@ def _grow(*args):
 
 @pytest.mark.parametrize("algorithm", ["sgp", pytest.param("osgp", marks=pytest.mark.train),
                                        pytest.param("agp", marks=pytest.mark.train),
-                                       pytest.param("allreduce", marks=pytest.mark.train), "refused"])
+                                       pytest.param("allreduce", marks=pytest.mark.train),
+                                       pytest.param("diloco", marks=pytest.mark.train), "refused"])
 def test_training_grows_back_after_a_killed_rank(tmp_path, algorithm):
     """`train --on-failure replace` (#45): rank 3 of 4 is killed at step 100 of 300; the survivors
     spawn a newcomer that takes rank 3 (its shard, its metrics file) and heals from a donor, and
@@ -463,11 +464,13 @@ def test_training_grows_back_after_a_killed_rank(tmp_path, algorithm):
     across the heal (Σw + weight lost = 4: the newcomer's half came out of a donor); AllReduce's
     models are equal. OSGP and AGP let
     ranks drift: the survivors grow back together, once the last of them has reached the step.
+    DiLoCo over SGP: the base's numerators split as SGP's, the outer state handed over.
     "refused": SGP whose replacement cannot start (MPIGOSSIP_REPLACE_WITH names no program): one
     warning, the survivors train on at 3 ranks."""
     refused = algorithm == "refused"
     algo = "sgp" if refused else algorithm
     train = [sys.executable, "-m", "mpigossip", "train", "--algorithm", algo, "--steps", "300",
+             *(["--base", "sgp"] if algo == "diloco" else []),
              "--on-failure", "replace", "--kill", "3:100", "--quiet", "--timeout", "60", "--out", str(tmp_path)]
     launch, env = ["--with-ft", "ulfm", "-n", "4"], None
     if refused:
@@ -493,7 +496,7 @@ def test_training_grows_back_after_a_killed_rank(tmp_path, algorithm):
     assert s["final_accuracy"] >= 0.9 and s["rank_accuracy_min"] >= (0.85 if algo == "agp" else 0.9), s
     d = s["rank_distances"]
     assert len(d) == 4 and d[3] <= 2 * max(d[:3]) + 1e-12, d   # the newcomer mixed in like the others
-    if algo in ("sgp", "osgp", "agp"):   # exact mass across the heal, AGP's floor held
+    if algo in ("sgp", "osgp", "agp", "diloco"):   # exact mass across the heal, AGP's floor held
         assert abs(s["weight_sum"][0] + f["weight_lost"] - 4) < 1e-9, s
         assert s["weight_min"] >= 2.0 ** -11, s
     if algo == "allreduce":

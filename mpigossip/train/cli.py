@@ -226,6 +226,9 @@ def check_arguments(args, algorithms, lrs, size):
 def check_on_failure(args, algorithms):
     """``--on-failure continue`` and ``replace``: the algorithms and flags they cover."""
     if args.on_failure == "replace":
+        if any(a in OUTER for a in algorithms) and args.base not in ("sgp", "allreduce-params", "dpsgd"):
+            raise UsageError(f"--on-failure replace: an outer optimizer over {args.base}: not yet (over sgp, "
+                             f"allreduce-params or dpsgd)")
         if len(algorithms) > 1:
             raise UsageError("--on-failure replace: one --algorithm at a time (a newcomer joins the run under way)")
         others = [a for a in algorithms if a not in REPLACEABLE]
@@ -249,7 +252,7 @@ def check_on_failure(args, algorithms):
 
 #: The algorithms ``--on-failure replace`` grows back: the PushSum family heals a newcomer with half a
 #: donor's mass (Σx, Σw exact), the others hand it a survivor's model and optimizer state.
-REPLACEABLE = ("sgp", "osgp", "agp", "dpsgd", "allreduce", "allreduce-params")
+REPLACEABLE = ("sgp", "osgp", "agp", "dpsgd", "allreduce", "allreduce-params", "localsgd", "slowmo", "diloco")
 
 
 def topology_name(args, algorithm):

@@ -95,14 +95,16 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None):
     algorithm."""
     t_heal = time.perf_counter()
     comm, new = run.comm, run.comm.Get_rank() in newcomers
-    mixing = bool(getattr(run.algo, "weights", None))   # the PushSum family
+    pushsum = getattr(run.algo, "base", run.algo)   # (an outer optimizer's base)
+    mixing = hasattr(pushsum, "numerators") and bool(getattr(pushsum, "weights", None))   # the PushSum family
     if mixing:
         if new:
-            xs = [np.zeros_like(np.asarray(x)) for x in run.algo.numerators]
+            xs = [np.zeros_like(np.asarray(x)) for x in pushsum.numerators]
             ws = [0.0] * len(xs)
         else:
-            xs = [t.numpy() for t in state["algo"]["numerators"]]
-            ws = [float(c["weight"]) for c in state["algo"]["comms"]]
+            part = _mixing_part(state["algo"])
+            xs = [t.numpy() for t in part["numerators"]]
+            ws = [float(c["weight"]) for c in part["comms"]]
         weights = deadline.allgather(comm, None if new else ws, timeout=run.timeout, op=OP)
         plan = heal.donors(weights, newcomers) if newcomers else {}
         ws = heal.split(xs, ws, comm=comm, newcomers=newcomers, timeout=run.timeout, op=OP)
@@ -110,15 +112,16 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None):
         plan = heal.donors([None if r in newcomers else 1.0 for r in range(comm.Get_size())],
                            newcomers) if newcomers else {}
     given = None
-    if not new:
-        given = dict(state, algo=dict(state["algo"], numerators=None) if mixing else state["algo"])
+    if not new:   # (the numerators went by split)
+        given = dict(state, algo=_without_numerators(state["algo"]) if mixing else state["algo"])
     received = heal.handover(given, comm=comm, plan=plan, timeout=run.timeout, op=OP)
     if new:
         state = received
     if mixing:
+        part = _mixing_part(state["algo"])
         if new:
-            state["algo"]["numerators"] = [torch.from_numpy(x) for x in xs]
-        for c, w in zip(state["algo"]["comms"], ws):
+            part["numerators"] = [torch.from_numpy(x) for x in xs]
+        for c, w in zip(part["comms"], ws):
             c["weight"] = w
     _align(state["algo"], int(state["step"]))
     run.model.load_state_dict(state["model"])   # (the rebuilt algorithm broadcast rank 0's)
@@ -142,10 +145,23 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None):
               f"heal {record['heal_s']:.2f} s)", flush=True)
 
 
+def _mixing_part(algo_state):
+    """The part of an algorithm's state that holds the PushSum numerators and weights (an outer
+    optimizer's: its base's)."""
+    return algo_state["base"] if "base" in algo_state else algo_state
+
+
+def _without_numerators(algo_state):
+    if "base" in algo_state:
+        return dict(algo_state, base=dict(algo_state["base"], numerators=None))
+    return dict(algo_state, numerators=None)
+
+
 def _align(algo_state, step):
     """The step counters of an algorithm's state set to ``step``, the same on every rank (the
     messages of a step pair up by its number)."""
-    for part in [algo_state, *algo_state.get("comms", [])]:
+    parts = [algo_state, *([algo_state["base"]] if "base" in algo_state else [])]
+    for part in [*parts, *(c for p in parts for c in p.get("comms", []))]:
         if "steps" in part:
             part["steps"] = step
 
