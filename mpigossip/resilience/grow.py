@@ -1,6 +1,5 @@
 """Growing back after a failure: the survivors start a replacement for each dead rank, and the
-job goes on at its size (#45; the first layer of it: the communicator, not yet the heal of a
-communicator's state).
+job goes on at its size (#45; this module grows the communicator, :mod:`.heal` the state).
 
 After a failure has shrunk a communicator to its survivors (an averager's ``on_failure=
 "continue"``, or :func:`mpigossip.resilience.failures.shrink`), the survivors call
@@ -12,7 +11,7 @@ takes a dead rank's. A newcomer finds itself with :func:`newcomer` and calls :fu
 which returns that same communicator and the ranks the newcomers took. The newcomers' state
 then comes from live peers: :mod:`mpigossip.resilience.heal`.
 
-The training job does not call this yet (``train --on-failure replace`` is to come).
+The training job's use of it: ``train --on-failure replace`` (:mod:`mpigossip.train.regrow`).
 
 A spawn that cannot start (the launcher refuses, the program is not found) leaves the
 survivors at the smaller size with one warning; a spawn that does not return within the

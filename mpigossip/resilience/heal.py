@@ -13,7 +13,7 @@ communicator calls one of these, collectively:
 - :func:`handover`: a donor's picklable state (a training job's optimizer state, step, clock)
   to its newcomer.
 
-Both send in pieces of at most :func:`mpigossip.resilience.failures.chunk_bytes` (eagerly:
+All three send in pieces of at most :func:`mpigossip.resilience.failures.chunk_bytes` (eagerly:
 see there), with the deadline ``timeout``; a peer failing during the heal raises
 :class:`~mpigossip.resilience.failures.PeerFailure` on the ranks that meet it. Buffers may be
 numpy, cupy or torch (CPU or CUDA), staged through the host where MPI is not CUDA-aware.
@@ -93,12 +93,17 @@ def split(x: Any, weight: Any, *, comm: MPI.Intracomm, newcomers: list[int], tim
                 half = array - keep      # keep + half == x exactly (x / 2 is exact, or a subnormal's rounding)
                 array[...] = keep
                 kept = ws[i] * 0.5
-                _send(buffers.Transport(half, stage=stage, cuda_aware=cuda_aware), ws[i] - kept, comm=comm,
-                      dest=newcomer, timeout=timeout, op=op)
+                transport = buffers.Transport(half, stage=stage, cuda_aware=cuda_aware)
+                transport.before_send()
+                _send(np.array([ws[i] - kept]), transport.spec, comm=comm, dest=newcomer, timeout=timeout, op=op)
                 ws[i] = kept
             elif rank == newcomer:
-                ws[i] = _recv(buffers.Transport(buf, stage=stage, cuda_aware=cuda_aware), comm=comm, source=donor,
-                              timeout=timeout, op=op)
+                transport = buffers.Transport(buf, stage=stage, cuda_aware=cuda_aware)
+                w = np.empty(1)
+                _recv(w, transport.spec, comm=comm, source=donor, timeout=timeout, op=op)
+                transport.after_recv()
+                buf.synchronize()
+                ws[i] = float(w[0])
     return ws if grouped else ws[0]
 
 
@@ -112,21 +117,13 @@ def handover(obj: Any, *, comm: MPI.Intracomm, plan: dict[int, int], timeout: fl
     for newcomer, donor in sorted(plan.items()):
         if rank == donor:
             data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-            size = np.array([data.size], dtype=np.int64)
-            with failures.raised_as_failure(op):
-                requests = [comm.Isend(size, dest=newcomer, tag=_TAG_W)]
-                requests += [comm.Isend(piece, dest=newcomer, tag=_TAG_X)
-                             for piece in failures.pieces([data, MPI.BYTE])]
-            failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{newcomer} (a newcomer)")
+            _send(np.array([data.size], dtype=np.int64), [data, MPI.BYTE], comm=comm, dest=newcomer,
+                  timeout=timeout, op=op)
         elif rank == newcomer:
             size = np.empty(1, dtype=np.int64)
-            with failures.raised_as_failure(op):
-                first = comm.Irecv(size, source=donor, tag=_TAG_W)
-            failures.wait([first], comm=comm, timeout=timeout, op=op, peer=f"{donor} (the donor)")
+            _recv(size, None, comm=comm, source=donor, timeout=timeout, op=op)   # (the size, then the pieces)
             data = np.empty(int(size[0]), dtype=np.uint8)
-            with failures.raised_as_failure(op):
-                requests = [comm.Irecv(piece, source=donor, tag=_TAG_X) for piece in failures.pieces([data, MPI.BYTE])]
-            failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{donor} (the donor)")
+            _recv(None, [data, MPI.BYTE], comm=comm, source=donor, timeout=timeout, op=op)
             obj = pickle.loads(data.tobytes())
     return obj
 
@@ -150,21 +147,20 @@ def broadcast(x: Any, *, comm: MPI.Intracomm, root: int = 0, timeout: float | No
         buf.synchronize()
 
 
-def _send(transport, weight, *, comm, dest, timeout, op):
-    transport.before_send()
-    w = np.array([weight], dtype=np.float64)
+def _send(header, spec, *, comm, dest, timeout, op):
+    """A one-element ``header`` (a share's weight, a state's size) and ``spec`` in pieces to
+    ``dest``; returns once all are sent."""
     with failures.raised_as_failure(op):
-        requests = [comm.Isend(w, dest=dest, tag=_TAG_W)]
-        requests += [comm.Isend(piece, dest=dest, tag=_TAG_X) for piece in failures.pieces(transport.spec)]
+        requests = [comm.Isend(header, dest=dest, tag=_TAG_W)]
+        requests += [comm.Isend(piece, dest=dest, tag=_TAG_X) for piece in failures.pieces(spec)]
     failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{dest} (a newcomer)")
 
 
-def _recv(transport, *, comm, source, timeout, op):
-    w = np.empty(1, dtype=np.float64)
-    with failures.raised_as_failure(op):   # the data's receives first: none arrives unexpected
-        data = [comm.Irecv(piece, source=source, tag=_TAG_X) for piece in failures.pieces(transport.spec)]
-        requests = [*data, comm.Irecv(w, source=source, tag=_TAG_W)]
+def _recv(header, spec, *, comm, source, timeout, op):
+    """What :func:`_send` sent: ``spec``'s pieces (posted first: none arrives unexpected) and the
+    ``header``, either of them None to receive only the other."""
+    with failures.raised_as_failure(op):
+        requests = [comm.Irecv(piece, source=source, tag=_TAG_X) for piece in failures.pieces(spec)] if spec else []
+        if header is not None:
+            requests.append(comm.Irecv(header, source=source, tag=_TAG_W))
     failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{source} (the donor)")
-    transport.after_recv()
-    transport.buffer.synchronize()
-    return float(w[0])

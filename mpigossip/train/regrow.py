@@ -22,6 +22,7 @@ records the replacement under the failure (``"replaced"``: who, the donors, the 
 the heal's seconds). A spawn that cannot start leaves the run at the smaller size (one warning).
 """
 
+import collections
 import os
 import random
 import socket
@@ -62,8 +63,8 @@ def grow_back(run, step):
     grown = grow.replace(run.comm, run.lost, argv=argv, timeout=run.timeout, info=info, op=OP)
     comm, newcomers = (grown.comm, grown.newcomers) if grown is not None else (run.comm, [])
     rebuild(run, comm)
-    heal_run(run, newcomers, state, spawn_s=grown.seconds if grown is not None else None, t0=t0)
-    run.failures[-1]["replaced"]["refused"] = grown is None   # (the same on every survivor)
+    heal_run(run, newcomers, state, spawn_s=grown.seconds if grown is not None else None, t0=t0,
+             refused=grown is None)
     return step
 
 
@@ -75,8 +76,7 @@ def _placement(run):
     (``benchmarks/ulfm_respawn.py --spawn-on dead``). None where the hosts are not known."""
     if len(run.hosts) != run.size + len(run.lost):
         return None
-    alive = [run.hosts[r] for r in range(len(run.hosts)) if r not in run.lost]
-    load = {host: alive.count(host) for host in alive}
+    load = collections.Counter(run.hosts[r] for r in range(len(run.hosts)) if r not in run.lost)
     hosts = sorted(load, key=lambda host: (load[host], host))
     return {"host": ",".join(hosts), "map_by": ":OVERSUBSCRIBE", "bind_to": "none"}
 
@@ -89,7 +89,7 @@ def rebuild(run, comm):
     run.algo = run.make_algorithm()
 
 
-def heal_run(run, newcomers, state, *, spawn_s=None, t0=None):
+def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
     """Collective over the grown communicator (every survivor with its ``state``, every newcomer
     with None): the newcomers' state from their donors; every rank's loaded into the rebuilt
     algorithm."""
@@ -131,7 +131,7 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None):
     record = {"ranks": list(newcomers), "donors": {str(k): v for k, v in plan.items()}, "spawn_s": spawn_s,
               "heal_s": time.perf_counter() - t_heal,
               "total_s": time.perf_counter() - t0 if t0 is not None else None,
-              "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None}
+              "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None, "refused": refused}
     gathered = deadline.allgather(comm, (record, socket.gethostname()), timeout=run.timeout, op=OP)
     run.hosts = [host for _, host in gathered]
     record = dict(gathered[0][0], hosts={str(r): run.hosts[r] for r in newcomers})   # where each newcomer runs
