@@ -108,6 +108,9 @@ def build_parser():
     launch.add_argument("--fault-tolerant", action="store_true",
                         help="Open MPI's fault tolerance (mpirun --with-ft ulfm; not under srun), for train "
                         "--on-failure continue")
+    launch.add_argument("--spares", type=int, default=0, metavar="N",
+                        help="the allocation's last N nodes start no rank: train --on-failure replace starts its "
+                        "newcomers there first (needs --launcher mpirun --fault-tolerant; default: 0)")
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="what every task runs")
     return parser, commands

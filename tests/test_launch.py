@@ -61,6 +61,40 @@ def test_fault_tolerant_launch_is_mpirun_with_ulfm():
         slurm.command("srun", ["p"], {"SLURM_NTASKS": "4"}, fault_tolerant=True)
 
 
+def test_spares_keep_the_last_nodes_empty_and_name_them():
+    environ = {"SLURM_NTASKS": "16", "SLURM_TASKS_PER_NODE": "4(x4)", "MPIRUN": "mpirun"}
+    hosts = ["n1", "n2", "n3", "n4"]
+    argv, env = slurm.command("mpirun", ["p"], environ, fault_tolerant=True, spares=1, hostnames=hosts)
+    assert argv[:5] == ["mpirun", "--bind-to", "none", "-n", "12"] and argv[-1] == "p"
+    assert argv[5:9] == ["--map-by", "slot", "-x", slurm.SPARES] and env[slurm.SPARES] == "n4"
+    argv, env = slurm.command("mpirun", ["p"], dict(environ, SLURM_TASKS_PER_NODE="2,1(x3)"), fault_tolerant=True,
+                              spares=2, hostnames=hosts)
+    assert argv[4] == "3" and env[slurm.SPARES] == "n3,n4"
+    assert slurm.SPARES not in slurm.command("mpirun", ["p"], environ, fault_tolerant=True)[1]
+    with pytest.raises(slurm.LaunchError, match="at least one must start ranks"):
+        slurm.command("mpirun", ["p"], environ, fault_tolerant=True, spares=4, hostnames=hosts)
+    with pytest.raises(slurm.LaunchError, match="need --launcher mpirun --fault-tolerant"):
+        slurm.command("mpirun", ["p"], environ, spares=1, hostnames=hosts)
+    with pytest.raises(slurm.LaunchError, match="cannot tell the tasks of each node"):
+        slurm.command("mpirun", ["p"], dict(environ, SLURM_TASKS_PER_NODE="4(x3)"), fault_tolerant=True, spares=1,
+                      hostnames=hosts)
+
+
+def test_newcomers_go_to_a_free_spare_else_where_a_survivor_lives():
+    from types import SimpleNamespace
+
+    from mpigossip.train.regrow import _placement
+    # ranks 0-3 on a, a, b, c; rank 3 (c's only one) died
+    run = SimpleNamespace(hosts=["a", "a", "b", "c"], lost=[3], size=3)
+    assert _placement(run, spares=[])["host"] == "a,b"              # never c, where only the dead lived
+    assert _placement(run, spares=["s2", "s1"])["host"] == "s1,s2"
+    assert _placement(run, spares=["c"])["host"] == "a,b"           # a spare whose newcomer died
+    run = SimpleNamespace(hosts=["a", "a", "b", "s1"], lost=[0], size=3)   # a newcomer on s1 lives
+    assert _placement(run, spares=["s1", "s2"])["host"] == "s2"
+    assert _placement(run, spares=["s1"])["host"] == "a,b,s1"       # the spares all taken
+    assert _placement(SimpleNamespace(hosts=["a"], lost=[3], size=3), spares=["s1"]) is None
+
+
 def test_crash_inside_mpi_init_is_told_apart():
     for where, expected in [("init", True), ("late", False)]:
         proc = subprocess.run([sys.executable, CRASH, where], capture_output=True, text=True, timeout=30)

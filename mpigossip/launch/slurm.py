@@ -27,6 +27,8 @@ from ..onesided import progress
 from .launcher import FAULT_TOLERANT_DEFAULTS, ROOT_DEFAULTS, find_beside_python
 
 LAUNCHERS = ("srun", "mpirun")
+#: The nodes kept for newcomers (``--spares``), comma-separated, as the ranks see them.
+SPARES = "MPIGOSSIP_SPARE_HOSTS"
 
 #: A frame of Open MPI's crash backtrace inside MPI_Init (``[host:pid] [ 7] .../libmpi.so.40(ompi_mpi_init+0x..)``).
 _INIT_FRAME = re.compile(r"\[\s*\d+\]\s.*\((?:ompi_mpi_init|PMPI_Init(?:_thread)?|MPI_Init(?:_thread)?)\+")
@@ -56,13 +58,18 @@ def even_tasks(environ):
     return len(set(progress.expand_counts(environ.get("SLURM_TASKS_PER_NODE", "")))) <= 1
 
 
-def command(launcher, program, environ=None, *, progress_thread="auto", fault_tolerant=False):
+def command(launcher, program, environ=None, *, progress_thread="auto", fault_tolerant=False, spares=0,
+            hostnames=None):
     """``(argv, env)`` that start ``program`` on every task of the allocation. ``progress_thread``
     ``"on"`` or ``"off"`` sets Open MPI's TCP progress thread (one-sided methods across nodes,
     :mod:`mpigossip.onesided.progress`) unless the environment already chose; ``"auto"`` leaves it to
     ``train``/``compare`` on each node. ``fault_tolerant``: Open MPI's ULFM on (``mpirun
     --with-ft ulfm``, without the ``han`` collectives: :data:`~mpigossip.launch.launcher.FAULT_TOLERANT_DEFAULTS`), for
-    ``--on-failure continue``; Open MPI does not support it under a direct ``srun`` launch."""
+    ``--on-failure continue``; Open MPI does not support it under a direct ``srun`` launch.
+    ``spares``: the allocation's last ``spares`` nodes start no rank and are named to the ranks in
+    :data:`SPARES` (``train --on-failure replace`` starts its newcomers there first); needs
+    ``fault_tolerant``. ``hostnames``: the allocation's node names in order (default: ``scontrol
+    show hostnames``)."""
     environ = dict(os.environ if environ is None else environ)
     if not program:
         raise LaunchError("no command to launch: python -m mpigossip launch [...] -- COMMAND ...")
@@ -73,6 +80,9 @@ def command(launcher, program, environ=None, *, progress_thread="auto", fault_to
     if fault_tolerant and launcher == "srun":
         raise LaunchError("--fault-tolerant: Open MPI's fault tolerance (ULFM) is not supported under a direct srun "
                           "launch: use --launcher mpirun (it runs inside the allocation)")
+    if spares and not (fault_tolerant and launcher == "mpirun"):
+        raise LaunchError("--spares: nodes kept for the newcomers of train --on-failure replace need --launcher "
+                          "mpirun --fault-tolerant")
     if launcher == "srun":
         return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"] + list(program), environ
     if not environ.get("SLURM_NTASKS"):
@@ -94,11 +104,38 @@ def command(launcher, program, environ=None, *, progress_thread="auto", fault_to
             environ["SLURM_GPUS_PER_NODE"] = environ["SLURM_GPUS_ON_NODE"]
     # Binding is left to Slurm's allocation; mpirun reads the node list itself.
     argv = [find_mpirun(environ), "--bind-to", "none", "-n", environ["SLURM_NTASKS"]]
+    if spares:
+        argv = argv[:-1] + [str(_keep_spares(environ, spares, hostnames))]
+        # mpirun's slot mapping fills the nodes in the allocation's order: the last ones stay empty.
+        argv += ["--map-by", "slot", "-x", SPARES]
     if fault_tolerant:
         argv += ["--with-ft", "ulfm"]
         for key, value in FAULT_TOLERANT_DEFAULTS.items():
             environ.setdefault(key, value)
     return argv + list(program), environ
+
+
+def _keep_spares(environ, spares, hostnames=None):
+    """The ranks to start when the allocation's last ``spares`` nodes start none; sets
+    ``environ[SPARES]`` to their names."""
+    if not isinstance(spares, int) or spares < 0:
+        raise LaunchError(f"--spares must be a whole number >= 0, got {spares!r}")
+    counts = progress.expand_counts(environ.get("SLURM_TASKS_PER_NODE", ""))
+    if hostnames is None:
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+        try:
+            hostnames = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                       timeout=60, check=True).stdout.split()
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise LaunchError(f"--spares: cannot list the allocation's nodes (scontrol show hostnames): {exc}")
+    if not counts or len(counts) != len(hostnames):
+        raise LaunchError(f"--spares: cannot tell the tasks of each node (SLURM_TASKS_PER_NODE="
+                          f"{environ.get('SLURM_TASKS_PER_NODE')!r}, nodes {hostnames})")
+    if spares >= len(hostnames):
+        raise LaunchError(f"--spares {spares}: the allocation has {len(hostnames)} node(s); at least one must "
+                          "start ranks (sbatch --nodes=more)")
+    environ[SPARES] = ",".join(hostnames[-spares:])
+    return sum(counts[:-spares])
 
 
 def crashed_in_init(text):
@@ -129,13 +166,16 @@ class Step:
         return 128 - rc if rc < 0 else rc
 
 
-def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thread="auto", fault_tolerant=False):
+def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thread="auto", fault_tolerant=False,
+           spares=0):
     """Run ``program`` on the allocation's tasks; returns the exit status. See the module docstring."""
     say = say or (lambda text: print(f"mpigossip launch: {text}", file=sys.stderr, flush=True))
     if launcher not in LAUNCHERS:
         raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     argv, env = command(launcher, program, os.environ if environ is None else environ,
-                        progress_thread=progress_thread, fault_tolerant=fault_tolerant)
+                        progress_thread=progress_thread, fault_tolerant=fault_tolerant, spares=spares)
+    if spares:
+        say(f"nodes kept for newcomers: {env[SPARES]}")
     current = None
 
     def forward(signum, frame):
@@ -165,7 +205,7 @@ def launch(launcher, program, *, retries=1, environ=None, say=None, progress_thr
 def main(args):
     try:
         return launch(args.launcher, args.program, retries=args.retries, progress_thread=args.progress_thread,
-                      fault_tolerant=args.fault_tolerant)
+                      fault_tolerant=args.fault_tolerant, spares=args.spares)
     except LaunchError as exc:
         print(f"python -m mpigossip launch: error: {exc}", file=sys.stderr, flush=True)
         return 2

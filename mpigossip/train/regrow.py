@@ -22,7 +22,6 @@ records the replacement under the failure (``"replaced"``: who, the donors, the 
 the heal's seconds). A spawn that cannot start leaves the run at the smaller size (one warning).
 """
 
-import collections
 import os
 import random
 import socket
@@ -33,6 +32,7 @@ import torch
 
 from ..core import deadline
 from ..core.nodes import local_rank
+from ..launch.slurm import SPARES
 from ..resilience import grow, heal
 from . import checkpoint
 from .cli import algorithms_of
@@ -68,17 +68,22 @@ def grow_back(run, step):
     return step
 
 
-def _placement(run):
-    """Where the newcomers may go (``MPI_Comm_spawn``'s info): the hosts where a survivor lives, the
-    least loaded first, oversubscribed and unbound if their slots are taken (``mpirun`` inside a
-    Slurm allocation counts a dead rank's slot as taken). Not a host where only dead ranks lived:
-    across nodes, Open MPI 5.0.11's newcomer fails in ``MPI_Init`` there
-    (``benchmarks/ulfm_respawn.py --spawn-on dead``). None where the hosts are not known."""
+def _placement(run, spares=None):
+    """Where the newcomers may go (``MPI_Comm_spawn``'s info): the allocation's spare nodes where
+    no rank lives (``spares``, default: ``$MPIGOSSIP_SPARE_HOSTS``, set by ``python -m mpigossip
+    launch --spares N``), all newcomers there; else the hosts where a survivor lives. Oversubscribed
+    and unbound: ``mpirun`` inside a Slurm allocation counts a dead rank's slot as taken. (Only the
+    hosts named, not their order, steer Open MPI's mapping: measured, a spare named first still lost
+    to a survivor's host named after it.) Never a host where only dead ranks lived: across nodes,
+    Open MPI 5.0.11's newcomer fails in ``MPI_Init`` there (``benchmarks/ulfm_respawn.py --spawn-on
+    dead``). None where the hosts are not known."""
     if len(run.hosts) != run.size + len(run.lost):
         return None
-    load = collections.Counter(run.hosts[r] for r in range(len(run.hosts)) if r not in run.lost)
-    hosts = sorted(load, key=lambda host: (load[host], host))
-    return {"host": ",".join(hosts), "map_by": ":OVERSUBSCRIBE", "bind_to": "none"}
+    if spares is None:
+        spares = [h for h in os.environ.get(SPARES, "").split(",") if h]
+    hosts = sorted({run.hosts[r] for r in range(len(run.hosts)) if r not in run.lost})
+    free = sorted(set(spares) - set(run.hosts))
+    return {"host": ",".join(free or hosts), "map_by": ":OVERSUBSCRIBE", "bind_to": "none"}
 
 
 def rebuild(run, comm):

@@ -179,32 +179,39 @@ def test_node_lost_mid_job_ends_node_fail_and_resumes_when_back(slurm, uninterru
     assert {r["host"] for r in ranks(out)} == set(NODES)
 
 
-@pytest.mark.parametrize("mode", ["continue", "replace"])
+@pytest.mark.parametrize("mode", ["continue", "replace", "spare"])
 def test_a_killed_rank_is_survived_under_slurm(slurm, mode):
     """`ON_FAILURE=continue`: train.sbatch starts the ranks with mpirun --with-ft ulfm inside the
     allocation; rank 2 (on node3) kills itself at step 100 and the 3 survivors finish the run,
     checkpointing at their size (CKPT_EVERY=100: the last step, 300, of 3 ranks is the latest).
     `ON_FAILURE=replace`: the survivors spawn a newcomer on a survivor's node (every slot of the
     allocation counts as taken: oversubscribed), which heals from a donor across the 1 Gbit
-    links; the run ends at 4 ranks."""
+    links; the run ends at 4 ranks. `spare`: replace with `SPARES=1`: ranks on node1-3 only, and
+    the newcomer starts on node4, kept empty for it; the run ends at 3 ranks."""
     env, tmp = slurm
     out, log = tmp / f"survive-{mode}", tmp / f"survive-{mode}.log"
-    proc = sbatch(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log),
-                  extra={"STEPS": "300", "OUT": str(out), "ON_FAILURE": mode, "EXTRA": "--kill 2:100"})
+    extra = {"STEPS": "300", "OUT": str(out), "ON_FAILURE": "continue" if mode == "continue" else "replace",
+             "EXTRA": "--kill 2:100", "SPARES": "1" if mode == "spare" else "0"}
+    proc = sbatch(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log), extra=extra)
     text = run_ok(proc, log)
     assert "--with-ft ulfm" in text and "sgp: rank 2 failed (killed at step 100); met at step" in text, text
     s = summary(out)
     [f] = s["failures"]
-    size = 4 if mode == "replace" else 3
-    assert s["initial_world_size"] == 4 and s["world_size"] == size and f["ranks"] == [2], s
+    initial = 3 if mode == "spare" else 4
+    size = initial - 1 if mode == "continue" else initial
+    assert s["initial_world_size"] == initial and s["world_size"] == size and f["ranks"] == [2], s
     assert s["final_accuracy"] >= 0.9 and f["recovery_s"] < 15, s
     latest = json.load(open(out / "checkpoints" / "latest.json"))  # the last step, after the shrink
-    assert latest["step"] == 300 and latest["world_size"] == size and latest["initial_world_size"] == 4, latest
-    if mode == "replace":
+    assert latest["step"] == 300 and latest["world_size"] == size and latest["initial_world_size"] == initial, latest
+    if mode != "continue":
         replaced = f["replaced"]
-        assert "sgp: rank 2 replaced: back at 4 ranks" in text and replaced["ranks"] == [2], (text, replaced)
-        # on a survivor's node: Open MPI 5.0.11 cannot start one where only the dead rank lived
-        assert replaced["hosts"]["2"] in ("node1", "node2", "node4"), replaced
-        assert abs(s["weight_sum"][0] + f["weight_lost"] - 4) < 1e-9 and s["rank_accuracy_min"] >= 0.9, s
-        print(f"replaced under Slurm across nodes: spawn {replaced['spawn_s']:.2f} s, heal {replaced['heal_s']:.2f} s, "
-              f"back at 4 ranks {replaced['back_at_s'] - f['recovered_at_s']:.2f} s after the recovery")
+        assert f"sgp: rank 2 replaced: back at {initial} ranks" in text and replaced["ranks"] == [2], (text, replaced)
+        # on a survivor's node (Open MPI 5.0.11 cannot start one where only the dead rank lived), or the spare
+        if mode == "spare":
+            assert "nodes kept for newcomers: node4" in text and replaced["hosts"]["2"] == "node4", (text, replaced)
+        else:
+            assert replaced["hosts"]["2"] in ("node1", "node2", "node4"), replaced
+        assert abs(s["weight_sum"][0] + f["weight_lost"] - initial) < 1e-9 and s["rank_accuracy_min"] >= 0.9, s
+        print(f"replaced ({mode}) under Slurm across nodes: spawn {replaced['spawn_s']:.2f} s, heal "
+              f"{replaced['heal_s']:.2f} s, back at {initial} ranks {replaced['back_at_s'] - f['recovered_at_s']:.2f} s "
+              "after the recovery")
