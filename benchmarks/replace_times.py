@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from mpigossip.core import provenance  # noqa: E402
+from mpigossip.train.regrow import weight_accounted  # noqa: E402
 
 
 def model_mb(width, inputs=64, classes=10):
@@ -53,7 +54,7 @@ def run(args, algorithm, width, folder):
 def row(algorithm, width, summary):
     f = summary["failures"][0]
     r = f["replaced"]
-    exact = "weight_sum" not in summary or abs(summary["weight_sum"][0] + f["weight_lost"] - len(summary["rank_distances"])) < 1e-9
+    exact = "weight_sum" not in summary or abs(summary["weight_sum"][0] - weight_accounted(summary)) < 1e-9
     return {"algorithm": algorithm, "width": width, "model_mb": round(model_mb(width), 1),
             "world_size": summary["world_size"], "recovery_s": f["recovery_s"], "spawn_s": r["spawn_s"],
             "heal_s": r["heal_s"], "back_after_recovery_s": r["back_at_s"] - f["recovered_at_s"],

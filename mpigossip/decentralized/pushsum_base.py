@@ -174,10 +174,15 @@ class PushSumBase(Survives, Communicator):
             self._zbuf.release()
 
     def _state(self):
-        return {"weight": self.weight}
+        state = {"weight": self.weight}
+        if getattr(self, "_total_weight", None) is not None:   # (on_failure="continue") Σw, as a failure's loss
+            state["total_weight"] = float(self._total_weight)  # is reckoned from: not n after a loss or a heal
+        return state
 
     def _load_state(self, state):
         self.weight = float(state["weight"])
+        if "total_weight" in state and getattr(self, "_total_weight", None) is not None:
+            self._total_weight = float(state["total_weight"])
 
     def debiased(self) -> Buffer:
         """``z = x / w`` now, in a buffer of x's kind that is reused across calls."""

@@ -433,6 +433,14 @@ def fail(comm, message, code):
     return code
 
 
+def failed_to_grow(exc, who):
+    """End this rank after a failure while the run grew back (:class:`~mpigossip.train.regrow.ReplaceFailed`):
+    every live rank meets it, none knows which of them lives to print it, so each prints the one
+    line with its rank, and leaves without MPI_Finalize (which hangs after a failure)."""
+    print(f"python -m mpigossip: error ({who}): {exc}", file=sys.stderr, flush=True)
+    failures.exit(1)
+
+
 def check_world(args, algorithms, lrs, comm):
     """The full check of the flags, now that the world size and the GPUs are known."""
     check_launch(comm.Get_size())
@@ -456,9 +464,12 @@ def main(args):
         if not args.out:
             return None
         return os.path.join(args.out, algorithm) if len(algorithms) > 1 else args.out
-    if grow.newcomer():   # spawned in a dead rank's place (--on-failure replace): it joins the run under way
-        regrow.newcomer_main(args, Run, out_for)   # (the survivors' rank 0 prints the run's line)
-        return 0
+    try:
+        if grow.newcomer():   # spawned in a dead rank's place (--on-failure replace): it joins the run under way
+            regrow.newcomer_main(args, Run, out_for)   # (the survivors' rank 0 prints the run's line)
+            return 0
+    except regrow.ReplaceFailed as exc:
+        return failed_to_grow(exc, "a newcomer")
     try:
         check_world(args, algorithms, [args.lr], comm)
     except UsageError as exc:
@@ -481,6 +492,8 @@ def main(args):
         if comm.Get_rank() == 0:
             print(f"preempted: {exc}", flush=True)
         return EXIT_PREEMPTED
+    except regrow.ReplaceFailed as exc:
+        return failed_to_grow(exc, f"rank {comm.Get_rank()} of the launch")
     except (data_mod.DataError, ValueError, OSError) as exc:
         return fail(comm, str(exc), 1)
     return 0

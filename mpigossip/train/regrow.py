@@ -22,18 +22,22 @@ records the replacement under the failure (``"replaced"``: who, the donors, the 
 the heal's seconds). A spawn that cannot start leaves the run at the smaller size (one warning).
 """
 
+import contextlib
+import math
 import os
 import random
+import signal
 import socket
 import time
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from ..core import deadline
 from ..core.nodes import local_rank
 from ..launch.slurm import SPARES
-from ..resilience import grow, heal
+from ..resilience import failures, grow, heal
 from . import checkpoint
 from .cli import algorithms_of
 from .evaluate import Evaluator
@@ -42,6 +46,9 @@ OP = "train (--on-failure replace)"
 #: Test hook: ``MPIGOSSIP_REPLACE_WITH="PROGRAM ARGS"`` spawns that instead of this command line
 #: (a program that does not exist: the spawn is refused, the run goes on at the smaller size).
 REPLACE_WITH = "MPIGOSSIP_REPLACE_WITH"
+#: Test hook: ``MPIGOSSIP_KILL_IN_HEAL=R`` kills rank R of the grown communicator in the heal (a
+#: second failure during a replacement).
+KILL_IN_HEAL = "MPIGOSSIP_KILL_IN_HEAL"
 
 
 def grow_back(run, step):
@@ -60,12 +67,31 @@ def grow_back(run, step):
     run.algo.free()
     argv = os.environ.get(REPLACE_WITH, "").split() or None   # (tests: a program that cannot start)
     info = _placement(run)
-    grown = grow.replace(run.comm, run.lost, argv=argv, timeout=run.timeout, info=info, op=OP)
-    comm, newcomers = (grown.comm, grown.newcomers) if grown is not None else (run.comm, [])
-    rebuild(run, comm)
-    heal_run(run, newcomers, state, spawn_s=grown.seconds if grown is not None else None, t0=t0,
-             refused=grown is None)
+    with _named(run.out, run.lost, step):
+        grown = grow.replace(run.comm, run.lost, argv=argv, timeout=run.timeout, info=info, op=OP)
+        comm, newcomers = (grown.comm, grown.newcomers) if grown is not None else (run.comm, [])
+        rebuild(run, comm)
+        heal_run(run, newcomers, state, spawn_s=grown.seconds if grown is not None else None, t0=t0,
+                 refused=grown is None)
     return step
+
+
+class ReplaceFailed(RuntimeError):
+    """A rank failed while the run grew back (the spawn, the rebuild or the heal): the newcomers
+    hold no state yet and the survivors' was handed out in part, so the run cannot go on. It
+    ends, every rank with this message; its last checkpoint resumes it."""
+
+
+@contextlib.contextmanager
+def _named(out, ranks, step=None):
+    """A failure met inside the block raised as :class:`ReplaceFailed`, naming what was under way."""
+    try:
+        yield
+    except (failures.PeerFailure, MPI.Exception) as exc:
+        resume = f" (--resume {out})" if out else ""
+        at = f" at step {step}" if step is not None else ""
+        raise ReplaceFailed(f"{OP}: a rank failed while rank(s) {list(ranks)} were replaced{at} ({exc}); "
+                            f"the run cannot go on: resume it from its last checkpoint{resume}") from exc
 
 
 def _placement(run, spares=None):
@@ -100,6 +126,8 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
     algorithm."""
     t_heal = time.perf_counter()
     comm, new = run.comm, run.comm.Get_rank() in newcomers
+    if newcomers and os.environ.get(KILL_IN_HEAL, "") == str(comm.Get_rank()):
+        os.kill(os.getpid(), signal.SIGKILL)
     pushsum = getattr(run.algo, "base", run.algo)   # (an outer optimizer's base)
     mixing = hasattr(pushsum, "numerators") and bool(getattr(pushsum, "weights", None))   # the PushSum family
     if mixing:
@@ -112,6 +140,12 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
             ws = [float(c["weight"]) for c in part["comms"]]
         weights = deadline.allgather(comm, None if new else ws, timeout=run.timeout, op=OP)
         plan = heal.donors(weights, newcomers) if newcomers else {}
+        totals = [sum(w[g] for w in weights if w is not None) for g in range(len(xs))]
+        scales = [rescale(total, comm.Get_size()) for total in totals]
+        if not new:
+            for x, c in zip(xs, scales):
+                x *= c   # (a power of two: exact)
+            ws = [w * c for w, c in zip(ws, scales)]
         ws = heal.split(xs, ws, comm=comm, newcomers=newcomers, timeout=run.timeout, op=OP)
     else:
         plan = heal.donors([None if r in newcomers else 1.0 for r in range(comm.Get_size())],
@@ -126,14 +160,17 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
         part = _mixing_part(state["algo"])
         if new:
             part["numerators"] = [torch.from_numpy(x) for x in xs]
-        for c, w in zip(part["comms"], ws):
+        for c, w, total, scale in zip(part["comms"], ws, totals, scales):
             c["weight"] = w
+            if "total_weight" in c:   # Σw, against which the next failure's loss is reckoned
+                c["total_weight"] = total * scale
     _align(state["algo"], int(state["step"]))
     run.model.load_state_dict(state["model"])   # (the rebuilt algorithm broadcast rank 0's)
     run.algo.load_state_dict(state["algo"])
     if new:
         _adopt(run, state)
     record = {"ranks": list(newcomers), "donors": {str(k): v for k, v in plan.items()}, "spawn_s": spawn_s,
+              **({"weight_before": totals, "scaled_by": scales} if mixing else {}),
               "heal_s": time.perf_counter() - t_heal,
               "total_s": time.perf_counter() - t0 if t0 is not None else None,
               "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None, "refused": refused}
@@ -148,6 +185,40 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
         print(f"\n{run.algorithm}: rank{'s' if len(newcomers) > 1 else ''} {', '.join(map(str, newcomers))} "
               f"replaced: back at {comm.Get_size()} ranks in {record['total_s']:.2f} s (spawn {spawn_s:.2f} s, "
               f"heal {record['heal_s']:.2f} s)", flush=True)
+
+
+def rescale(total, size):
+    """The largest power of two that keeps ``total * scale <= size`` (1 where ``total >= size``):
+    every rank's ``(x, w)`` multiplied by it at a heal brings Σw back above half the number of
+    ranks. A failure takes weight with it (the dead rank's own and what was in flight: OSGP lost
+    2.5 of 4 in one kill here) and the newcomer's half comes out of a donor, so without it the
+    grown run's weights average Σw/n: SGP's update moves x by the step and z = x/w by the step / w,
+    so the learning rate grows by n/Σw (OSGP after two replacements: x4, and it diverged to chance,
+    measured). A common factor leaves every z and the consensus Σx/Σw unchanged; a power of two
+    leaves them unchanged exactly (Σx and Σw exact, scaled). Never down, never past n: AGP, whose
+    rank models are the most spread, ended with a worse rank at Σw 5 (rounded to the nearest power)
+    than left at 2.5."""
+    if not (math.isfinite(total) and 0 < total < size):
+        return 1.0
+    return 2.0 ** math.floor(math.log2(size / total))
+
+
+def weight_accounted(summary, group=0):
+    """The Σw a PushSum-family run under ``--on-failure continue|replace`` must end with, from its
+    ``summary.json`` alone: the initial size, less each failure's ``weight_lost``, times each
+    heal's ``scaled_by``. Raises ValueError where a heal's ``weight_before`` is not what the
+    record before it leaves (mass created or lost unrecorded)."""
+    total = float(summary["initial_world_size"])
+    for f in summary.get("failures", []):
+        total -= f["weight_lost"]
+        healed = f.get("replaced") or {}
+        if "scaled_by" in healed:
+            before = healed["weight_before"][group]
+            if abs(before - total) > 1e-9 * max(1.0, total):
+                raise ValueError(f"the heal of rank(s) {healed.get('ranks')} found Σw = {before!r}, the record "
+                                 f"before it leaves {total!r}")
+            total *= healed["scaled_by"][group]
+    return total
 
 
 def _mixing_part(algo_state):
@@ -189,6 +260,8 @@ def newcomer_main(args, run_class, out):
     timeout = deadline.check_timeout(args.timeout)
     comm, taken = grow.join(timeout=timeout, op=OP)
     algorithm = algorithms_of(args)[0]
-    run = run_class(args, comm, algorithm, args.lr, out(algorithm, args.lr), newcomer=True)
-    heal_run(run, taken, None)
+    folder = out(algorithm, args.lr)
+    with _named(folder, taken):
+        run = run_class(args, comm, algorithm, args.lr, folder, newcomer=True)
+        heal_run(run, taken, None)
     return run.run()
