@@ -7,11 +7,13 @@ run's state (the algorithm drained), frees the algorithm, and
 command line. Such a process finds itself a newcomer and runs :func:`newcomer_main`: it takes
 the dead rank's number in the grown communicator, so the dead rank's data shard, output files
 and place in the graph. Every rank then builds the algorithm again over the grown
-communicator and calls :func:`heal`:
+communicator and calls :func:`heal_run`:
 
-- the PushSum family (SGP, OSGP, AGP): a donor (the survivor with the largest weight) gives
-  the newcomer half of each parameter group's ``(x, w)``
-  (:func:`mpigossip.resilience.heal.split`: Σx and Σw exact, the donor's model on both);
+- the PushSum family (SGP, OSGP, AGP): every survivor's ``(x, w)`` is first multiplied by one
+  power of two (:func:`rescale`: the weight a failure took with it no longer inflates the step
+  on z), then a donor (the survivor with the largest weight) gives the newcomer half of each
+  parameter group's ``(x, w)`` (:func:`mpigossip.resilience.heal.split`: Σx and Σw exact, the
+  donor's model on both);
 - the others (AllReduce, D-PSGD): the newcomer takes a survivor's model.
 
 The donor also hands over (:func:`mpigossip.resilience.heal.handover`) what the newcomer needs
@@ -19,7 +21,9 @@ to go on as one of the others: the optimizer's state, the step, the learning-rat
 place (the step), the run's clock and its record of failures. The newcomer draws its batches
 from a stream of its own (the seed, its rank and the step it starts at). ``summary.json``
 records the replacement under the failure (``"replaced"``: who, the donors, the spawn's and
-the heal's seconds). A spawn that cannot start leaves the run at the smaller size (one warning).
+the heal's seconds, the rescale). A spawn that cannot start leaves the run at the smaller size
+(one warning); a failure during the spawn or the heal ends every rank with :class:`ReplaceFailed`'s
+one line (no traceback, no hang).
 """
 
 import contextlib
