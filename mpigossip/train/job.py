@@ -119,11 +119,11 @@ class Run:
         # collectives would meet a failure outside the algorithm's recovery).
         self.eval_every = self.steps if self.tolerant else args.eval_every or max(1, self.steps // 10)
         # fault injection (--kill RANK:STEP, ranks of the launch): [(rank, step)], and the step this rank dies at
-        kills = [] if newcomer else getattr(args, "kill", None) or []
-        self.kills = [parse_kill(spec, MPI.COMM_WORLD.Get_size()) for spec in kills]
+        # (a newcomer knows them, to record a later kill, but dies by none: its rank's kill was its predecessor's)
+        self.kills = [parse_kill(spec, comm.Get_size()) for spec in getattr(args, "kill", None) or []]
         self.kill_at = None
         for r, at in self.kills:
-            if r == MPI.COMM_WORLD.Get_rank():
+            if r == comm.Get_rank() and not newcomer:
                 self.kill_at = at
         self.failures = []  # failures survived: [{"step", "ranks", ...}] (--on-failure continue)
         self.failures_seen = 0  # of self.algo.failures (a resumed run's history is not the algorithm's)
@@ -466,7 +466,9 @@ def main(args):
         return os.path.join(args.out, algorithm) if len(algorithms) > 1 else args.out
     try:
         if grow.newcomer():   # spawned in a dead rank's place (--on-failure replace): it joins the run under way
-            regrow.newcomer_main(args, Run, out_for)   # (the survivors' rank 0 prints the run's line)
+            summary, rank = regrow.newcomer_main(args, Run, out_for)
+            if rank == 0:   # (rank 0 died: its newcomer prints the run's line)
+                print(one_line(summary), flush=True)
             return 0
     except regrow.ReplaceFailed as exc:
         return failed_to_grow(exc, "a newcomer")

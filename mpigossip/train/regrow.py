@@ -180,12 +180,14 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
               "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None, "refused": refused}
     gathered = deadline.allgather(comm, (record, socket.gethostname()), timeout=run.timeout, op=OP)
     run.hosts = [host for _, host in gathered]
-    record = dict(gathered[0][0], hosts={str(r): run.hosts[r] for r in newcomers})   # where each newcomer runs
+    # the first survivor's record (a newcomer, rank 0 too when rank 0 died, timed nothing), where each newcomer runs
+    first = min(r for r in range(comm.Get_size()) if r not in newcomers)
+    record = dict(gathered[first][0], hosts={str(r): run.hosts[r] for r in newcomers})
     run.failures[-1]["replaced"] = record
     run.evaluate = Evaluator(run.eval_model, run.x_test, run.y_test, comm=comm, timeout=run.timeout)
     run.algo.after_failure = run._follow_algorithm
     run.failures_seen = 0
-    if comm.Get_rank() == 0 and newcomers:
+    if comm.Get_rank() == first and newcomers:
         print(f"\n{run.algorithm}: rank{'s' if len(newcomers) > 1 else ''} {', '.join(map(str, newcomers))} "
               f"replaced: back at {comm.Get_size()} ranks in {record['total_s']:.2f} s (spawn {spawn_s:.2f} s, "
               f"heal {record['heal_s']:.2f} s)", flush=True)
@@ -260,7 +262,7 @@ def _adopt(run, state):
 
 def newcomer_main(args, run_class, out):
     """A process spawned by :func:`grow_back`: join the grown communicator, heal, train to the
-    end. Returns the run's summary."""
+    end. Returns the run's summary and this rank."""
     timeout = deadline.check_timeout(args.timeout)
     comm, taken = grow.join(timeout=timeout, op=OP)
     algorithm = algorithms_of(args)[0]
@@ -268,4 +270,4 @@ def newcomer_main(args, run_class, out):
     with _named(folder, taken):
         run = run_class(args, comm, algorithm, args.lr, folder, newcomer=True)
         heal_run(run, taken, None)
-    return run.run()
+    return run.run(), run.rank
