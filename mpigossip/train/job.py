@@ -119,11 +119,12 @@ class Run:
         # collectives would meet a failure outside the algorithm's recovery).
         self.eval_every = self.steps if self.tolerant else args.eval_every or max(1, self.steps // 10)
         # fault injection (--kill RANK:STEP, ranks of the launch): [(rank, step)], and the step this rank dies at
-        # (a newcomer knows them, to record a later kill, but dies by none: its rank's kill was its predecessor's)
-        self.kills = [parse_kill(spec, comm.Get_size()) for spec in getattr(args, "kill", None) or []]
+        # (checked against the launch's size at start; a newcomer, whose world is its spawn, knows them to
+        # record a later kill, but dies by none: its rank's kill was its predecessor's)
+        self.kills = [parse_kill(spec, None) for spec in getattr(args, "kill", None) or []]
         self.kill_at = None
         for r, at in self.kills:
-            if r == comm.Get_rank() and not newcomer:
+            if r == MPI.COMM_WORLD.Get_rank() and not newcomer:
                 self.kill_at = at
         self.failures = []  # failures survived: [{"step", "ranks", ...}] (--on-failure continue)
         self.failures_seen = 0  # of self.algo.failures (a resumed run's history is not the algorithm's)
