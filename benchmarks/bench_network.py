@@ -226,7 +226,8 @@ def _p4_runs(comm, args, mb, n_nodes):
                "keep_range": [float(v) for v in (np.min(a[:, 1] / a[:, 0]), np.max(a[:, 1] / a[:, 0]))],
                "runs": [[float(v) for v in r] for r in got],
                "exchange_ms": float(np.median(a[:, 2])) * 1e3,
-               "link_ms": mb * 2 ** 20 / (args.rate_gbit * 1e9 / 8) * 1e3}
+               "link_ms": mb * 2 ** 20 / (args.rate_gbit * 1e9 / 8) * 1e3, "rate_gbit": args.rate_gbit,
+               "cores": os.cpu_count(), "cores_per_node": os.environ.get("MPIGOSSIP_CORES_PER_NODE")}
         if base is not None:
             b = np.array(base)
             row["vs_allreduce"] = float(np.median(a[:, 0] / b[:, 0]))
