@@ -35,23 +35,46 @@ def test_steps_to_and_the_median_over_seeds():
 
 
 def test_mixing_of_each_method():
-    assert AT.mixing_of("allreduce", 2.0) == ("allreduce", 1, 0)
-    assert AT.mixing_of("sgp", 0.1) == ("sgp", 1, 0)          # SGP waits for its messages: it mixes every step
-    assert AT.mixing_of("osgp:2", 1.0) == ("sgp", 1, 2) and AT.mixing_of("osgp", 1.0) == ("sgp", 1, 1)
-    assert AT.mixing_of("agp", 1.0) == ("sgp", 1, 1)
-    assert AT.mixing_of("agp", 0.41) == ("sgp", 2, 1)         # sends when its link is free: a round every 2 steps
-    assert AT.mixing_of("agp", 0.1) == ("sgp", 10, 1)
-    assert AT.mixing_of("agp", 0.001, max_tau=50) == ("sgp", 50, 1) and AT.mixing_of("agp", 0.0)[1] == 64
+    assert AT.mixing_of("allreduce") == ("allreduce", 1, 0, None)
+    assert AT.mixing_of("sgp") == ("sgp", 1, 0, None)          # SGP waits for its messages: it mixes every step
+    assert AT.mixing_of("osgp:2") == ("sgp", 1, 2, None) and AT.mixing_of("osgp") == ("sgp", 1, 1, None)
+    assert AT.mixing_of("agp", [1, 1, 2, 40]) == ("agp", 1, 0, (1, 1, 2, 40))   # its own messages' delays
+    with pytest.raises(ValueError, match="agp: the accuracy simulator mixes it by the time model's message delays"):
+        AT.mixing_of("agp")
     assert AT.label("sgp", 3, 1) == "sgp every 3 delay 1" and AT.label("allreduce") == "allreduce"
+    assert AT.label("agp", delays=(1, 2)) == "agp delays 1,2" and AT.label("agp", delays=()) == "agp never"
     with pytest.raises(ValueError, match="no accuracy scheme for 'adpsgd'"):
         AT.mixing_of("adpsgd")
 
 
+def test_agps_mixing_follows_the_time_models_schedule_of_its_messages():
+    """Where the link cannot keep up, AGP's messages wait: the time model's delays between a
+    share leaving and its receiver taking it in are many steps for the shares that cross a
+    node's link (100 MB at 1 Gbit: ~7 s on the wire, ~28 steps of 0.25 s), one or two within a
+    node or on a fast link. The old join mixed AGP as a PushSum round every 1 / moved steps,
+    one round late, whatever the link."""
+    costs = Costs.load(CALIBRATION)
+    rows = predict(costs, ranks=[16], rates_gbit=[1, 100], per_node=8, mb=100, compute=0.1, methods=("agp",),
+                   steps=10, stragglers=(1.0,))
+    AT.assign_mixing(rows)
+    slow, fast = sorted(rows, key=lambda r: r["rate_gbit"])
+    assert slow["scheme"] == fast["scheme"] == "agp" and slow["tau"] == fast["tau"] == 1
+    assert len(slow["delays"]) == 10 and slow["delays"] == sorted(slow["delays"])
+    assert slow["delays"][-1] >= 20 and slow["delays"][0] <= 2     # between nodes late, within a node soon
+    assert fast["delays"][-1] <= 3
+    assert slow["mixing"] == "agp delays " + ",".join(map(str, slow["delays"]))
+    from mpigossip.sim.scaling import delay_deciles
+    assert delay_deciles(range(1, 101)) == [5, 15, 25, 35, 45, 55, 65, 75, 85, 95]
+    assert delay_deciles([-2, -1, 3]) == [0, 0, 0, 0, 0, 0, 0, 3, 3, 3]   # a straggler's lag: taken at once
+    assert delay_deciles([]) == []
+
+
 def test_accuracy_steps_sets_the_target_from_allreduce():
-    settings = {(4, "sgp", 1, 0), (8, "sgp", 1, 0), (8, "sgp", 4, 1), (4, "gossip-pull", 1, 0)}
+    settings = {(4, "sgp", 1, 0, None), (8, "sgp", 1, 0, None), (8, "sgp", 4, 1, None), (4, "gossip-pull", 1, 0, None),
+                (8, "agp", 1, 0, (1, 3))}
     acc = AT.accuracy_steps(small_problem, settings, steps=60, lr=0.2, seeds=(0, 1), drop=0.02, evals=30)
     assert set(acc[4]["steps"]) == {"allreduce", "sgp", "gossip-pull"}
-    assert set(acc[8]["steps"]) == {"allreduce", "sgp", "sgp every 4 delay 1"}
+    assert set(acc[8]["steps"]) == {"allreduce", "sgp", "sgp every 4 delay 1", "agp delays 1,3"}
     for p in (4, 8):
         # AllReduce reaches its best accuracy of its first half less the drop within that half
         assert acc[p]["steps"]["allreduce"] is not None and acc[p]["steps"]["allreduce"] <= 30
@@ -84,10 +107,10 @@ def test_join_is_steps_over_rate_and_the_winner_is_the_first():
     rows = predict(costs, ranks=[4, 8], rates_gbit=[0.1, 1, 10], per_node=2, mb=4, compute=0.05,
                    methods=("allreduce", "sgp", "agp", "gossip-pull"), steps=4, stragglers=(1.0,))
     AT.assign_mixing(rows)
-    agp_slow = {r["mixing"] for r in rows if r["method"] == "agp"}
-    assert any("every" in m for m in agp_slow)          # at 0.1 Gbit AGP cannot send every step
+    agp = {r["mixing"] for r in rows if r["method"] == "agp"}
+    assert all(m.startswith("agp delays ") for m in agp) and len(agp) > 1   # its delays differ with the link
     steps = {"allreduce": 100.0, "sgp": 130.0, "gossip-pull": None}
-    steps.update({m: 150.0 for m in agp_slow})
+    steps.update({m: 150.0 for m in agp})
     accuracy = {4: {"target": 0.8, "steps": dict(steps)}, 8: {"target": 0.8, "steps": dict(steps, sgp=100.0)}}
     AT.join(rows, accuracy)
     for r in rows:
@@ -105,7 +128,7 @@ def test_join_is_steps_over_rate_and_the_winner_is_the_first():
               if r["ranks"] == p and r["method"] == "allreduce"]
         assert ar == sorted(ar, reverse=True)
     text = AT.markdown(rows, accuracy)
-    assert "| 4 | 0.1 |" in text and "agp as sgp delay 1" in text and "(every " in text
+    assert "| 4 | 0.1 |" in text and "(delay " in text and "AGP's steps to the target" in text
 
 
 def test_time_to_accuracy_runs_the_mixing_the_time_model_found():
@@ -114,7 +137,8 @@ def test_time_to_accuracy_runs_the_mixing_the_time_model_found():
                                     compute=0.05, methods=["allreduce", "agp"], stragglers=(1.0,), time_steps=4,
                                     sim_steps=40, lr=0.2, seeds=(0,), evals=20)
     agp = next(r for r in rows if r["method"] == "agp")
-    assert agp["tau"] > 1 and agp["mixing"] in acc[4]["steps"]      # simulated at the pace its link allows
+    assert agp["scheme"] == "agp" and agp["mixing"] in acc[4]["steps"]   # simulated with its own delays
+    assert max(agp["delays"]) > 1                                        # 4 MB at 50 Mbit: shares wait
     with pytest.raises(ValueError, match="no accuracy scheme for 'adpsgd'"):
         AT.time_to_accuracy(costs, small_problem, ranks=[4], rates_gbit=[1], per_node=2, mb=1, compute=0.05,
                             methods=["adpsgd"])

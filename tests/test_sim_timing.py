@@ -185,6 +185,29 @@ def test_validation_table_and_its_misses(tmp_path):
     assert text.count("**miss**") == 2 and text.endswith("0 of 2 rows within 15%.")
 
 
+def test_held_out_rows_are_predicted_at_their_link_rate_and_in_the_core_per_rank_regime(tmp_path):
+    base = {"what": "P4", "mb": 4.0, "algorithm": "sgp", "compute_ms": 100.0, "steps": 4,
+            "steps_per_s": 1.0, "steps_per_s_straggler": 1.0}
+    rows = [dict(base, ranks=2, nodes=2, rate_gbit=0.1, cores=2),   # a core per rank, 100 Mbit
+            dict(base, ranks=3, nodes=3, rate_gbit=0.5, cores=2),   # three ranks on two cores
+            dict(base, ranks=4, nodes=4)]                           # an old row: no rate, no cores
+    path = tmp_path / "p4.json"
+    path.write_text(json.dumps({"meta": {}, "rows": rows}))
+    costs = Costs(link_rate=0.9 * 1e9 / 8, cores=2, cores_shared=True, wire_cpu=1e-8)
+    table = validation.p4_table([str(path)], costs)
+    assert [t["regime"] for t in table[::2]] == ["core per rank", "shared cores", "shared cores"]
+    work = Workload(mb=4.0, compute=0.1, steps=4)
+    own = scaling.cluster_costs(costs, 0.1, per_node=1)
+    assert own.link_rate == pytest.approx(0.1 * costs.link_rate) and own.wire_cpu == 0 and not own.cores_shared
+    assert table[0]["predicted"] == pytest.approx(simulate("sgp", 2, 1, work, own)["steps_per_s"])
+    half = Costs(**{**costs.__dict__, "link_rate": 0.5 * costs.link_rate})
+    assert table[2]["predicted"] == pytest.approx(simulate("sgp", 3, 1, work, half)["steps_per_s"])
+    assert table[4]["predicted"] == pytest.approx(simulate("sgp", 4, 1, work, costs)["steps_per_s"])
+    # the link's rate matters at 4 MB: 100 Mbit is far slower than the calibration's 1 Gbit
+    assert table[0]["predicted"] < 0.7 * simulate("sgp", 2, 1, work, costs)["steps_per_s"]
+    assert "| 2 (2) | 0.1 | 4 | sgp | no straggler, core per rank |" in validation.markdown(table)
+
+
 def test_the_reproductions_timed_runs_are_validated_where_the_model_has_the_method_and_case(tmp_path):
     run = {"world_size": 4, "steps": 10}
     runs = [dict(run, algorithm="sgp", case="normal", throughput_steps_s=v) for v in (3.0, 5.0)]
@@ -217,8 +240,8 @@ def test_outer_methods_average_every_h_steps_and_bench_outer_is_validated_at_its
     path = tmp_path / "outer.json"
     path.write_text(json.dumps({"meta": meta, "runs": runs}))
     table = validation.outer_table(str(path), costs, mb=1.0)
-    assert [(t["case"], t["algorithm"]) for t in table] == [("100mbit", "ALLREDUCE"), ("100mbit", "DILOCO"),
-                                                            ("1gbit", "ALLREDUCE"), ("1gbit", "DILOCO")]
+    assert [(t["rate_gbit"], t["algorithm"]) for t in table] == [(0.1, "ALLREDUCE"), (0.1, "DILOCO"),
+                                                                 (1.0, "ALLREDUCE"), (1.0, "DILOCO")]
     slow = Costs(link_rate=12e6, cores=4)   # 100 Mbit: the 1 Gbit calibration's link scaled by 0.1
     expected = simulate("localsgd:4", 4, 1, Workload(mb=1.0, compute=0.01, steps=12), slow)["steps_per_s"]
     assert table[1]["predicted"] == pytest.approx(expected)
@@ -327,7 +350,7 @@ def test_agp_model_keeps_mass_one_message_per_out_peer_and_its_receive_slots():
                 seen["posted"] = max(seen["posted"], len(run.posted[r]))
                 seen["min weight"] = min(seen["min weight"], run.weight[r])
             total = sum(run.weight) + sum(w for outs in run.outs for _, w in outs.values())
-            total += sum(w for a in run.announced for _, w in a) + sum(w for p in run.posted for _, w in p)
+            total += sum(w for a in run.announced for _, w, _ in a) + sum(w for p in run.posted for _, w, _ in p)
             # (a message's weight is in `announced`, then `posted`, until combined)
             assert total == pytest.approx(cl.size, rel=1e-12)
             yield cl.engine.timeout(0.01)
@@ -337,3 +360,8 @@ def test_agp_model_keeps_mass_one_message_per_out_peer_and_its_receive_slots():
     cl.engine.run()
     assert seen["in flight"] >= 2 and seen["posted"] <= run.receives
     assert seen["min weight"] >= run.min_weight / 2 and sum(run.held) > 0
+    # every share combined is on the schedule the accuracy simulator mixes by, once
+    assert 0 < len(run.combined) <= sum(run.sent) and len(run.combined) >= sum(run.sent) - cl.size * 8
+    assert all(0 <= k < work.warmup + work.steps and 0 <= sent <= work.warmup + work.steps
+               for _, k, sent in run.combined)
+    assert max(k - sent for _, k, sent in run.combined) > 1     # 50 MB over 1 Gbit: shares wait steps

@@ -10,10 +10,10 @@ topologies and kernels, beside the communicators (which do not know it exists).
   :mod:`.validation` against the P4 benchmark, :mod:`.scaling` predictions at scale.
 """
 
-from .mixing import GossipPushSim, PushSumSim, consensus_curve, consensus_error
+from .mixing import AsyncPushSumSim, GossipPushSim, PushSumSim, consensus_curve, consensus_error
 from .problems import MLP, SoftmaxRegression
 from .sgd import SCHEMES, elastic_round, pull_round, run_sgd
 from .timing import Costs, Workload, simulate
 
-__all__ = ["PushSumSim", "GossipPushSim", "consensus_error", "consensus_curve", "SoftmaxRegression", "MLP", "run_sgd",
+__all__ = ["PushSumSim", "AsyncPushSumSim", "GossipPushSim", "consensus_error", "consensus_curve", "SoftmaxRegression", "MLP", "run_sgd",
            "SCHEMES", "elastic_round", "pull_round", "Costs", "Workload", "simulate"]

@@ -2,11 +2,13 @@
 (:mod:`.scaling`).
 
 For each cluster (ranks ``p``, link rate, straggler) the time model gives each method's steps
-per second per rank and the models its messages moved per step; that sets how the accuracy
+per second per rank and, for AGP, the schedule of its messages; that sets how the accuracy
 simulator mixes for it (:func:`mixing_of`): SGP a PushSum round every step, OSGP:D with its
-messages D rounds in flight, AGP a round every ``1 / moved`` steps (it sends only when its
-link is free, so it mixes less where the link cannot keep up) with its messages a round in
-flight. The accuracy simulator then gives the steps each mixing needs to reach the target
+messages D rounds in flight, AGP as :class:`~mpigossip.AsyncPushSum` runs it (a share to an
+out-peer each step, per out-peer one message in flight and one accumulating, the weight
+floor), each message combined after a delay drawn from the time model's own (the steps
+between a share leaving and its receiver taking it in, at the steady state: where the link
+cannot keep up, messages wait, fewer leave and each carries more). The accuracy simulator then gives the steps each mixing needs to reach the target
 (AllReduce's best accuracy in the first half of its steps at that ``p`` less ``drop``), and their ratio to the steps per
 second the time to the target.
 
@@ -16,8 +18,9 @@ own models; EASGD's center, which is its output), or the exact mean of the ranks
 
 What the join leaves out (the caveats every table states): the accuracy simulator steps all
 ranks together, so an asynchronous method whose ranks run at different speeds is counted at
-their mean pace; its problem is convex (softmax regression); AGP's messages, which carry
-what accumulated while the last one was in flight, are counted as one PushSum share.
+their mean pace (AGP's delays, in the receiver's steps, mix a slow rank's and a fast one's);
+AGP's delays are drawn independently per message from the steady state's distribution
+(their order and which pair of ranks, e.g. within or between nodes, are not kept).
 """
 
 import numpy as np
@@ -28,35 +31,35 @@ from .sgd import run_sgd
 __all__ = ["MIXING", "mixing_of", "label", "accuracy_steps", "steps_to", "steps_to_target", "assign_mixing", "join",
            "time_to_accuracy", "winners", "markdown"]
 
-#: The accuracy simulator's scheme and message delay (rounds) of each time-model method.
-MIXING = {"allreduce": ("allreduce", 0), "sgp": ("sgp", 0), "agp": ("sgp", 1), "gossip-pull": ("gossip-pull", 0),
+#: The accuracy simulator's scheme and message delay (rounds) of each time-model method
+#: (AGP's delays come from the time model's schedule: :func:`mixing_of`).
+MIXING = {"allreduce": ("allreduce", 0), "sgp": ("sgp", 0), "agp": ("agp", 0), "gossip-pull": ("gossip-pull", 0),
           "easgd": ("easgd", 0)}
-#: Methods that send only when their last message is done: they mix less often than every step
-#: where their link cannot keep up.
-SENDS_WHEN_FREE = ("agp",)
 
 
-def mixing_of(method, moved=1.0, *, max_tau=64):
-    """``(scheme, tau, delay)``: how the accuracy simulator mixes for ``method`` whose messages
-    moved ``moved`` models per step in the time model (``osgp:D``: PushSum with its messages
-    ``D`` rounds in flight)."""
+def mixing_of(method, delays=None):
+    """``(scheme, tau, delay, delays)``: how the accuracy simulator mixes for ``method``
+    (``osgp:D``: PushSum with its messages ``D`` rounds in flight; ``agp``: its messages'
+    ``delays`` as the time model found them, :func:`~.scaling.delay_deciles`, required)."""
     if method.startswith("osgp"):
         _, _, d = method.partition(":")
-        return "sgp", 1, int(d or 1)
+        return "sgp", 1, int(d or 1), None
     if method not in MIXING:
         raise ValueError(f"no accuracy scheme for {method!r}: the methods joined are "
                          f"{sorted(MIXING) + ['osgp:D']}")
     scheme, delay = MIXING[method]
-    tau = 1
-    if method in SENDS_WHEN_FREE and moved > 0:
-        tau = int(min(max_tau, max(1, round(1.0 / moved))))
-    elif method in SENDS_WHEN_FREE:
-        tau = max_tau
-    return scheme, tau, delay
+    if scheme == "agp":
+        if delays is None:
+            raise ValueError("agp: the accuracy simulator mixes it by the time model's message delays; none given")
+        return scheme, 1, delay, tuple(int(d) for d in delays)
+    return scheme, 1, delay, None
 
 
-def label(scheme, tau=1, delay=0):
-    """A mixing's name in the tables and the JSON: ``sgp``, ``sgp every 3``, ``sgp delay 1``."""
+def label(scheme, tau=1, delay=0, delays=None):
+    """A mixing's name in the tables and the JSON: ``sgp``, ``sgp every 3``, ``sgp delay 1``,
+    ``agp delays 1,1,2,...`` (AGP's ten delay deciles; ``agp never`` where none arrives)."""
+    if delays is not None:
+        return scheme + (" delays " + ",".join(map(str, delays)) if len(delays) else " never")
     return scheme + (f" every {tau}" if tau > 1 else "") + (f" delay {delay}" if delay else "")
 
 
@@ -76,7 +79,7 @@ def _metric(scheme, evaluate):
 
 def accuracy_steps(problem_for, settings, *, steps, lr, seeds=(0,), drop=0.01, evals=50, skew=0.0,
                    evaluate="ranks", progress=None):
-    """Run the accuracy simulator for each ``(p, scheme, tau, delay)`` of ``settings`` (and
+    """Run the accuracy simulator for each ``(p, scheme, tau, delay, delays)`` of ``settings`` (and
     AllReduce at each ``p``: it sets the target) and give :func:`steps_to_target` of its runs.
 
     Args:
@@ -87,15 +90,16 @@ def accuracy_steps(problem_for, settings, *, steps, lr, seeds=(0,), drop=0.01, e
         evals: evaluations per run (the resolution of the step counts).
         evaluate: ``"ranks"`` or ``"mean"`` (the module's docstring).
     """
-    settings = sorted(set(settings) | {(p, "allreduce", 1, 0) for p, *_ in settings})
+    settings = sorted(set(settings) | {(p, "allreduce", 1, 0, None) for p, *_ in settings},
+                      key=lambda s: (s[0], s[1], s[2], s[3], s[4] or ()))
     records = []
     for seed in seeds:
         problem = problem_for(seed)
-        for p, scheme, tau, delay in settings:
+        for p, scheme, tau, delay, delays in settings:
             if progress:
-                progress(f"accuracy: p = {p}, seed {seed}: {label(scheme, tau, delay)}")
+                progress(f"accuracy: p = {p}, seed {seed}: {label(scheme, tau, delay, delays)}")
             r = run_sgd(problem, scheme, p, steps=steps, lr=lr, seed=seed, tau=tau, delay=delay, skew=skew,
-                        eval_every=max(1, steps // evals))
+                        delays=delays, eval_every=max(1, steps // evals))
             records.append({**r, "seed": seed})
     return steps_to_target(records, drop=drop, evaluate=evaluate)
 
@@ -124,7 +128,7 @@ def steps_to_target(records, *, drop=0.01, evaluate="ranks"):
             target = max(half) - drop
             targets.append(target)
             for r in runs:
-                key = label(r["scheme"], r.get("tau", 1), r.get("delay", 0))
+                key = label(r["scheme"], r.get("tau", 1), r.get("delay", 0), r.get("delays"))
                 found.setdefault(key, []).append(steps_to(r, target, _metric(r["scheme"], evaluate)))
         out[p] = {"target": float(np.mean(targets)), "steps": {s: _median(v) for s, v in found.items()}}
     return out
@@ -137,12 +141,14 @@ def _median(values):
     return None if np.isinf(m) else m
 
 
-def assign_mixing(rows, *, max_tau=64):
-    """Give each time-model row the accuracy simulator's ``scheme``, ``tau`` and ``delay`` for
-    it (:func:`mixing_of` its models moved per step) and their ``mixing`` label. Returns ``rows``."""
+def assign_mixing(rows):
+    """Give each time-model row the accuracy simulator's ``scheme``, ``tau``, ``delay`` and
+    ``delays`` for it (:func:`mixing_of`; AGP's from the row's ``delays``) and their ``mixing``
+    label. Returns ``rows``."""
     for r in rows:
-        scheme, tau, delay = mixing_of(r["method"], r["models_moved_per_step"], max_tau=max_tau)
-        r.update(scheme=scheme, tau=tau, delay=delay, mixing=label(scheme, tau, delay))
+        scheme, tau, delay, delays = mixing_of(r["method"], r.get("delays"))
+        r.update(scheme=scheme, tau=tau, delay=delay, delays=None if delays is None else list(delays),
+                 mixing=label(scheme, tau, delay, delays))
     return rows
 
 
@@ -169,11 +175,12 @@ def time_to_accuracy(costs, problem_for, *, ranks, rates_gbit, per_node, mb, com
         ``(rows, accuracy)``: ``accuracy`` as :func:`steps_to_target`'s.
     """
     for m in methods:
-        mixing_of(m)   # an unknown method fails before any simulation
+        mixing_of(m, ())   # an unknown method fails before any simulation
     rows = predict(costs, ranks=sorted(ranks), rates_gbit=rates_gbit, per_node=per_node, mb=mb, compute=compute,
                    methods=tuple(methods), steps=time_steps, stragglers=stragglers, progress=progress)
-    assign_mixing(rows, max_tau=max(1, sim_steps // 4))
-    settings = {(r["ranks"], r["scheme"], r["tau"], r["delay"]) for r in rows}
+    assign_mixing(rows)
+    settings = {(r["ranks"], r["scheme"], r["tau"], r["delay"], None if r["delays"] is None else tuple(r["delays"]))
+                for r in rows}
     accuracy = accuracy_steps(problem_for, settings, steps=sim_steps, lr=lr, seeds=seeds, drop=drop, evals=evals,
                               skew=skew, evaluate=evaluate, progress=progress)
     return join(rows, accuracy), accuracy
@@ -198,16 +205,16 @@ def winners(rows):
 
 
 def markdown(rows, accuracy):
-    """Per straggler setting, seconds to the target (ranks and rate down, methods across; in
-    brackets the mixing where it is not the method's every-step one), the first in bold; then
-    the steps each mixing needed and the caveats."""
+    """Per straggler setting, seconds to the target (ranks and rate down, methods across; AGP's
+    median message delay in brackets), the first in bold; then the steps each mixing needed
+    (AGP's per delay schedule) and the caveats."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     best = winners(rows)
     out = []
     for factor in sorted({r["straggler"] for r in rows}):
         title = "no straggler" if factor == 1.0 else f"rank 1 {factor:g}x slow"
         out += [f"**{title}**: seconds to the target accuracy (first in bold; - : not reached in the simulated "
-                "steps; AGP's mixing in brackets: a round every k steps, as its link allows)", "",
+                "steps; AGP's median message delay in brackets, in steps, as the time model found it)", "",
                 "| ranks | Gbit/s | " + " | ".join(methods) + " | first | vs AllReduce |",
                 "|---|---|" + "---|" * (len(methods) + 2)]
         cells = {}
@@ -223,12 +230,15 @@ def markdown(rows, accuracy):
                 cell = "-" if s is None else (f"**{s:.1f}**" if win and m == win[0] else f"{s:.1f}")
                 if r.get("tau", 1) > 1:
                     cell += f" (every {r['tau']})"
+                if r.get("delays") is not None:
+                    cell += f" (delay {_median_delay(r['delays'])})"
                 text.append(cell)
             first = "-" if win is None else win[0]
             ratio = "-" if win is None or win[2] is None else f"{win[2]:.2f}"
             out.append(f"| {p} | {rate:g} | " + " | ".join(text) + f" | {first} | {ratio} |")
         out.append("")
-    mixings = sorted({s for a in accuracy.values() for s in a["steps"]})
+    every = {s for a in accuracy.values() for s in a["steps"]}
+    mixings = sorted(s for s in every if not s.startswith("agp "))
     out += ["Steps to the target in the accuracy simulator (AllReduce's best accuracy in its first half of the "
             "steps less the drop; median over seeds; - : not reached):", "", "| ranks | target | " + " | ".join(mixings) + " |",
             "|---|---|" + "---|" * len(mixings)]
@@ -236,10 +246,22 @@ def markdown(rows, accuracy):
         out.append(f"| {p} | {a['target']:.3f} | "
                    + " | ".join("" if s not in a["steps"] else "-" if a["steps"][s] is None else f"{a['steps'][s]:g}"
                                 for s in mixings) + " |")
-    out += ["", "Mixing per method: " + ", ".join(f"{m} as {label(MIXING[m][0], 1, MIXING[m][1])}" for m in MIXING
-                                              if m != MIXING[m][0])
-            + ", osgp:D as sgp delay D; AGP a round every round(1 / models moved per step) steps. Left out: the "
-            "accuracy simulator steps all ranks together (an asynchronous method's ranks at different speeds "
-            "count at their mean pace) on the one problem named above; AGP's messages carry what accumulated while "
-            "the last was in flight, counted here as one PushSum share."]
+    agp = sorted({(r["ranks"], r["rate_gbit"], r["straggler"], r["mixing"]) for r in rows if r.get("delays") is not None})
+    if agp:
+        out += ["", "AGP's steps to the target, mixed by its own message delays (the time model's, in steps; their "
+                "5th, 15th, ..., 95th percentiles):", "", "| ranks | Gbit/s | straggler | delays | steps |",
+                "|---|---|---|---|---|"]
+        for p, rate, factor, mixing in agp:
+            n = accuracy[p]["steps"].get(mixing)
+            out.append(f"| {p} | {rate:g} | x{factor:g} | {mixing[len('agp '):]} | {'-' if n is None else f'{n:g}'} |")
+    out += ["", "Mixing per method: osgp:D as sgp delay D; AGP as AsyncPushSum runs it (a share to an out-peer each "
+            "step, one message in flight and one accumulating per out-peer, the weight floor), each message "
+            "combined a delay after it left drawn from the time model's. Left out: the accuracy simulator steps all "
+            "ranks together (an asynchronous method's ranks at different speeds count at their mean pace) on the "
+            "one problem named above; AGP's delays are drawn per message from their distribution (not their order, "
+            "nor whether the pair of ranks shares a node)."]
     return "\n".join(out)
+
+
+def _median_delay(delays):
+    return "never" if not len(delays) else f"{float(np.median(delays)):g}"

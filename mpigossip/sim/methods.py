@@ -100,8 +100,11 @@ class Steps:
         self.message_level_up_to = 32        # ranks up to which collectives are simulated message by message
         # AGP (as AsyncPushSum): per rank and out-peer [message in flight or None, weight accumulating]
         self.outs = [{} for _ in range(self.n)]
-        self.announced = [[] for _ in range(self.n)]  # AGP: (message, weight) sent to each rank, not yet posted
-        self.posted = [[] for _ in range(self.n)]     # AGP: (receive, weight) posted, not yet combined
+        self.announced = [[] for _ in range(self.n)]  # AGP: (message, weight, step sent) to each rank, not posted
+        self.posted = [[] for _ in range(self.n)]     # AGP: (receive, weight, step sent) posted, not yet combined
+        #: AGP: every share combined, as (receiver, its step then, the sender's step when it left):
+        #: the schedule the accuracy simulator mixes by (:func:`message_delays`)
+        self.combined = []
         self.receives = 2                    # AGP's receive slots per rank (AsyncPushSum(receives=2))
         self.weight = [1.0] * self.n         # AGP's PushSum weights
         self.min_weight = 2.0 ** -10         # AsyncPushSum(min_weight=...): below it a rank keeps its shares
@@ -273,14 +276,14 @@ class Steps:
         else:
             self.held[r] += 1
         if d in self.outs[r]:
-            self._agp_send(r, d)
-        yield from self._agp_poll(r)
+            self._agp_send(r, d, k)
+        yield from self._agp_poll(r, k)
         # finish(): every out-peer whose link freed gets its accumulated shares; what has arrived
         for dst in list(self.outs[r]):
-            self._agp_send(r, dst)
-        yield from self._agp_poll(r)
+            self._agp_send(r, dst, k)
+        yield from self._agp_poll(r, k)
 
-    def _agp_send(self, r, d):
+    def _agp_send(self, r, d, k):
         """Send what accumulates for ``d`` if there is some and the previous message to ``d`` left."""
         out = self.outs[r][d]
         if out[1] == 0.0 or (out[0] is not None and not out[0].done):
@@ -288,21 +291,22 @@ class Steps:
         self.sent[r] += 1
         key = ("agp", r, d, self.sent[r])
         out[0] = self.cl.send(r, d, self.M + 8, key)
-        self.announced[d].append((key, out[1]))   # its weight, a small message probed by d
+        self.announced[d].append((key, out[1], k))   # its weight, a small message probed by d
         out[1] = 0.0
 
-    def _agp_poll(self, r):
-        """Combine the shares arrived in ``r``'s slots (a pass each), then post receives for
-        the shares announced, into the slots that are free."""
+    def _agp_poll(self, r, k):
+        """Combine the shares arrived in ``r``'s slots (a pass each) in its step ``k``, then post
+        receives for the shares announced, into the slots that are free."""
         posted = self.posted[r]
-        done = [(e, w) for e, w in posted if e.done]
+        done = [(e, w, sent) for e, w, sent in posted if e.done]
         if done:
-            self.posted[r] = [(e, w) for e, w in posted if not e.done]
-            self.weight[r] += sum(w for _, w in done)
+            self.posted[r] = [p for p in posted if not p[0].done]
+            self.weight[r] += sum(w for _, w, _ in done)
+            self.combined += [(r, k, sent) for _, _, sent in done]
             yield self.passes(r, self.M, len(done))
         while self.announced[r] and len(self.posted[r]) < self.receives:
-            key, w = self.announced[r].pop(0)
-            self.posted[r].append((self.cl.receive(r, key), w))
+            key, w, sent = self.announced[r].pop(0)
+            self.posted[r].append((self.cl.receive(r, key), w, sent))
 
     def _step_gossip_pull(self, r, k):
         t = self.rng.randrange(self.n)

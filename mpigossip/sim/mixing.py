@@ -109,6 +109,87 @@ class PushSumSim:
         return self.x / self.w[:, None]
 
 
+class AsyncPushSumSim:
+    """AGP's mixing (:class:`mpigossip.AsyncPushSum`) on ``p`` virtual ranks, its shares
+    delivered on a schedule.
+
+    Every round each rank whose weight is at least ``min_weight`` (of its first) moves half of
+    its ``x`` and ``w`` into what accumulates for the round's out-peer (one peer of the
+    graph's, in turn); what accumulates for an out-peer leaves once the message before it to
+    that peer has been combined (per out-peer one message in flight and one accumulating, as
+    the package keeps them); a message leaving in round ``k`` is combined by its receiver in
+    round ``k + d``, ``d`` drawn from ``delays`` (the time model's ``message_delays``: how many
+    of its own steps after a share left its receiver took it in). Nothing is lost: ``x`` and
+    ``w`` plus what accumulates and what is in flight sum to what they did at the start.
+
+    Args:
+        x: ``(p, n)`` float array, row i = rank i's numerator (copied).
+        delays: the delays (rounds >= 0) to draw from, uniformly; empty: no share ever arrives.
+        topology: a one-peer graph with a period (default ``ExponentialGraph(peers=1)``).
+        seed: the draws' seed.
+        min_weight: the floor below which a rank keeps its shares (AsyncPushSum's).
+    """
+
+    def __init__(self, x, *, delays, topology=None, seed=0, min_weight=2.0 ** -10):
+        self.x = _rows(x)
+        self.p, n = self.x.shape
+        self.topology = (topology or topo_mod.ExponentialGraph(peers=1)).bind(self.p)
+        period = self.topology.period
+        if not period:
+            raise ValueError("AsyncPushSumSim: the topology needs a period (one accumulating buffer per out-peer)")
+        self.delays = np.asarray(delays, dtype=np.int64).ravel()
+        if (self.delays < 0).any():
+            raise ValueError("AsyncPushSumSim: delays must be >= 0")
+        self.w = np.ones(self.p)
+        self.min_weight = float(min_weight)
+        self.rng = np.random.default_rng(seed)
+        self.steps = 0
+        # per rank and out-peer slot (the round in the graph's period): the peer, what
+        # accumulates, what is in flight and the round it is combined (-1: nothing in flight)
+        self.peer = np.array([[self.topology.out_peers(i, s)[0] for s in range(period)]
+                              for i in range(self.p)], dtype=np.intp)
+        self.acc_x = np.zeros((self.p, period, n), self.x.dtype)
+        self.acc_w = np.zeros((self.p, period))
+        self.fly_x = np.zeros_like(self.acc_x)
+        self.fly_w = np.zeros_like(self.acc_w)
+        self.due = np.full((self.p, period), -1, dtype=np.int64)
+
+    def step(self):
+        k, slots = self.steps, self.peer.shape[1]
+        s = k % slots
+        give = self.w >= self.min_weight
+        half_x, half_w = 0.5 * self.x[give], 0.5 * self.w[give]
+        self.acc_x[give, s] += half_x
+        self.acc_w[give, s] += half_w
+        self.x[give] -= half_x
+        self.w[give] -= half_w
+        leave = (self.due < 0) & (self.acc_w > 0)
+        if leave.any():
+            self.fly_x[leave], self.fly_w[leave] = self.acc_x[leave], self.acc_w[leave]
+            self.acc_x[leave], self.acc_w[leave] = 0.0, 0.0
+            count = int(leave.sum())
+            late = (self.rng.choice(self.delays, count) if len(self.delays)
+                    else np.full(count, np.iinfo(np.int64).max // 2))
+            self.due[leave] = k + late
+        arrive = (self.due >= 0) & (self.due <= k)
+        if arrive.any():
+            to = self.peer[arrive]
+            np.add.at(self.x, to, self.fly_x[arrive])
+            np.add.at(self.w, to, self.fly_w[arrive])
+            self.fly_x[arrive], self.fly_w[arrive] = 0.0, 0.0
+            self.due[arrive] = -1
+        self.steps += 1
+
+    def debiased(self):
+        """``z = x / w`` per virtual rank."""
+        return self.x / self.w[:, None]
+
+    def totals(self):
+        """``(sum of x, sum of w)`` over the ranks, what accumulates and what is in flight."""
+        return (self.x.sum(axis=0) + self.acc_x.sum(axis=(0, 1)) + self.fly_x.sum(axis=(0, 1)),
+                float(self.w.sum() + self.acc_w.sum() + self.fly_w.sum()))
+
+
 class GossipPushSim:
     """Gossip push (Jin et al.) on ``p`` virtual ranks, the schedule of :class:`mpigossip.Gossip`
     with ``mode="push"`` and the same seed."""

@@ -9,9 +9,11 @@ TCP runs on two cores shared by every node; a real node's NIC and cores are its 
 
 import dataclasses
 
+import numpy as np
+
 from .timing import Workload, simulate
 
-__all__ = ["cluster_costs", "predict", "markdown"]
+__all__ = ["cluster_costs", "delay_deciles", "predict", "markdown"]
 
 #: Methods predicted by default.
 DEFAULT_METHODS = ("allreduce", "sgp", "osgp:2", "agp", "gossip-pull", "adpsgd", "easgd")
@@ -25,13 +27,26 @@ def cluster_costs(costs, rate_gbit, *, per_node, wire_cpu=0.0, nominal_gbit=1.0)
                                cores_shared=False, wire_cpu=wire_cpu)
 
 
+def delay_deciles(delays):
+    """The 5th, 15th, ..., 95th percentiles of AGP's message delays (steps; values that occur),
+    ten numbers that stand for the distribution; ``[]`` where no share was combined. A share a
+    slower rank took in at a step number below the sender's (a straggler's steps lag) counts
+    as taken at once (0)."""
+    if not len(delays):
+        return []
+    d = np.sort(np.maximum(np.asarray(delays, dtype=np.int64), 0))
+    n = len(d)   # the smallest value with at least (2k + 1) / 20 of them at or below it, in integers
+    return [int(d[-(-(2 * k + 1) * n // 20) - 1]) for k in range(10)]
+
+
 def predict(costs, *, ranks, rates_gbit, per_node, mb, compute, methods=DEFAULT_METHODS, steps=10,
             stragglers=(1.0, 2.0), nominal_gbit=1.0, progress=None):
     """One row per (ranks, rate, straggler factor, method): ``steps_per_s`` per rank (the mean
     over ranks of each one's own rate) and ``vs_allreduce`` where AllReduce is among them, at
     each method's steady state (:func:`~.timing.simulate` with ``until_steady``; ``steps`` is
     the least number of timed steps). Each row also has ``models_moved_per_step`` (delivered),
-    ``internode_models_per_step``, ``steps`` (simulated), ``steady`` and AGP's ``held``."""
+    ``internode_models_per_step``, ``steps`` (simulated), ``steady``, and AGP's ``held`` and
+    ``delays`` (:func:`delay_deciles` of its message delays)."""
     rows = []
     for p in ranks:
         if p % per_node:
@@ -53,6 +68,8 @@ def predict(costs, *, ranks, rates_gbit, per_node, mb, compute, methods=DEFAULT_
                            "models_moved_per_step": res["models_moved_per_step"],
                            "internode_models_per_step": res["internode_models_per_step"], "steps": res["steps"],
                            "steady": res["steady"], "held": res["held"]}
+                    if "message_delays" in res:
+                        row["delays"] = delay_deciles(res["message_delays"])
                     if "allreduce" in got:
                         row["vs_allreduce"] = v / got["allreduce"][0]
                     rows.append(row)

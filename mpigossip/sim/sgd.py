@@ -8,8 +8,10 @@ and takes plain SGD steps; the schemes differ only in how the ranks' parameters 
 
 * ``allreduce``: the gradients are averaged exactly, every rank holds the same model;
 * ``sgp``: PushSum (:class:`~mpigossip.sim.mixing.PushSumSim`), gradient at ``z = x / w``,
-  a round every ``tau`` steps (a method that cannot keep up with its link mixes less often:
-  the time model's models moved per step), its messages ``delay`` rounds in flight (OSGP);
+  a round every ``tau`` steps, its messages ``delay`` rounds in flight (OSGP);
+* ``agp``: AGP's mixing (:class:`~mpigossip.sim.mixing.AsyncPushSumSim`), gradient at
+  ``z = x / w`` applied to ``z`` (``x += w * Δ``, as :class:`mpigossip.torch.AGP` does), each share combined ``d`` steps after it left, ``d`` drawn from ``delays``
+  (the time model's schedule of AGP's messages);
 * ``gossip-push`` / ``gossip-pull``: Jin et al.'s gossip every ``tau`` steps (pull: each rank
   averages with one uniformly drawn rank, itself included, all from the old values);
 * ``easgd``: a center; every ``tau`` steps all workers read the center, each moves by
@@ -24,14 +26,14 @@ import numpy as np
 
 from .. import topology as topo_mod
 from ..core.checks import check_integer
-from .mixing import GossipPushSim, PushSumSim, consensus_error
+from .mixing import AsyncPushSumSim, GossipPushSim, PushSumSim, consensus_error
 
 #: The ranks' own models evaluated for ``rank_accuracy`` (evenly spaced, the first and last
 #: included): at p = 1024 every one would cost 1024 evaluations each time.
 RANKS_EVALUATED = 32
 
 #: The averaging schemes :func:`run_sgd` simulates.
-SCHEMES = ("allreduce", "sgp", "gossip-push", "gossip-pull", "easgd")
+SCHEMES = ("allreduce", "sgp", "agp", "gossip-push", "gossip-pull", "easgd")
 
 
 def pull_round(x, topology, step):
@@ -50,7 +52,7 @@ def elastic_round(x, center, beta):
     center += u.sum(axis=0)
 
 
-def _check(scheme, p, steps, lr, batch, tau, beta, delay, skew):
+def _check(scheme, p, steps, lr, batch, tau, beta, delay, skew, delays):
     if scheme not in SCHEMES:
         raise ValueError(f"run_sgd: scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     for name, value in (("p", p), ("steps", steps), ("batch", batch), ("tau", tau)):
@@ -58,6 +60,10 @@ def _check(scheme, p, steps, lr, batch, tau, beta, delay, skew):
     check_integer(delay, "delay", 0, owner="run_sgd")
     if delay and scheme != "sgp":
         raise ValueError(f"run_sgd: delay is PushSum's (scheme 'sgp'), not {scheme!r}'s")
+    if (delays is None) != (scheme != "agp"):
+        raise ValueError("run_sgd: delays (the schedule of AGP's messages) is given with scheme 'agp' and only then")
+    if scheme == "agp" and tau != 1:
+        raise ValueError("run_sgd: AGP mixes every step (its schedule is in delays): tau must be 1")
     if not 0 <= skew <= 1:
         raise ValueError(f"run_sgd: skew must be in [0, 1], got {skew!r}")
     if not lr > 0:
@@ -80,7 +86,7 @@ def _batches(rng, problem, p, batch, skew, own):
 
 
 def run_sgd(problem, scheme, p, *, steps, lr, batch=16, tau=1, beta=0.9, seed=0, topology=None,
-            eval_every=None, delay=0, skew=0.0):
+            eval_every=None, delay=0, skew=0.0, delays=None):
     """Simulate ``steps`` SGD steps of ``scheme`` on ``p`` virtual ranks, all starting from the
     problem's ``initial(seed)`` (zero for softmax regression).
 
@@ -89,6 +95,7 @@ def run_sgd(problem, scheme, p, *, steps, lr, batch=16, tau=1, beta=0.9, seed=0,
             with ``size``, ``gradients``, ``loss``, ``accuracy``, ``y`` and optionally ``initial``).
         tau: steps between mixing rounds (gossip, EASGD, and SGP).
         delay: SGP's messages are added to their receivers this many rounds after they are sent.
+        delays: AGP's (scheme ``agp``): the delays, in steps, each share's is drawn from.
         skew: the fraction of each rank's minibatch drawn from its own class (rank ``i``'s is
             class ``i % classes``; 0: i.i.d.): data that differs between ranks, where how well
             a scheme mixes shows in its accuracy.
@@ -102,7 +109,7 @@ def run_sgd(problem, scheme, p, *, steps, lr, batch=16, tau=1, beta=0.9, seed=0,
         ``easgd`` the workers') and ``consensus`` (root-mean-square distance of the ranks'
         models from their mean) at those steps.
     """
-    _check(scheme, p, steps, lr, batch, tau, beta, delay, skew)
+    _check(scheme, p, steps, lr, batch, tau, beta, delay, skew, delays)
     eval_every = eval_every or max(1, steps // 20)
     rng = np.random.default_rng(seed)
     initial = problem.initial(seed) if hasattr(problem, "initial") else np.zeros(problem.size)
@@ -117,13 +124,16 @@ def run_sgd(problem, scheme, p, *, steps, lr, batch=16, tau=1, beta=0.9, seed=0,
         own = (np.argsort(problem.y, kind="stable"), start, count, np.arange(p) % len(count))
     pushsum = (PushSumSim(x, topology or topo_mod.ExponentialGraph(), delay=delay, exact=False)
                if scheme == "sgp" else None)
+    if scheme == "agp":
+        pushsum = AsyncPushSumSim(x, delays=delays, seed=seed)
     push = GossipPushSim(x, seed=seed) if scheme == "gossip-push" else None
     pull = topo_mod.RandomPeers(peers=1, seed=seed, allow_self=True).bind(p) if scheme == "gossip-pull" else None
     if pushsum is not None:
         x = pushsum.x          # the simulators own their rows; SGD updates them in place
     if push is not None:
         x = push.x
-    out = {"scheme": scheme, "p": p, "lr": lr, "tau": tau, "delay": delay, "skew": skew, "steps": [], "loss": [],
+    out = {"scheme": scheme, "p": p, "lr": lr, "tau": tau, "delay": delay, "skew": skew,
+           "delays": None if delays is None else [int(d) for d in delays], "steps": [], "loss": [],
            "accuracy": [], "rank_accuracy": [], "consensus": []}
     sampled = np.unique(np.linspace(0, p - 1, min(p, RANKS_EVALUATED)).round().astype(int))
 
@@ -142,6 +152,9 @@ def run_sgd(problem, scheme, p, *, steps, lr, batch=16, tau=1, beta=0.9, seed=0,
         if scheme == "allreduce":
             x -= lr * problem.gradients(x[:1], batches.reshape(1, -1))   # the mean of p equal-size batches
             x[1:] = x[0]
+        elif scheme == "agp":   # the package's AGP updates the de-biased model: x += w * (z_new - z)
+            x -= lr * pushsum.w[:, None] * problem.gradients(pushsum.debiased(), batches)
+            pushsum.step()
         elif pushsum is not None:
             x -= lr * problem.gradients(pushsum.debiased(), batches)
             if (k + 1) % tau == 0:

@@ -130,8 +130,11 @@ def _measure(per_rank, run, first, last):
         between_nodes += mine
         between_rate += mine / span if span > 0 else 0.0
     per_step = run.M * count * len(run.times) if run.M else math.inf
-    return {"steps_per_s": sum(rates), "step_s": steps, "models_moved_per_step": moved / per_step,
-            "internode_models_per_step": between_nodes / per_step, "internode_bytes_per_s": between_rate}
+    out = {"steps_per_s": sum(rates), "step_s": steps, "models_moved_per_step": moved / per_step,
+           "internode_models_per_step": between_nodes / per_step, "internode_bytes_per_s": between_rate}
+    if run.name == "agp":   # how many of its own steps after a share left its receiver combined it
+        out["message_delays"] = sorted(k - sent for _, k, sent in run.combined if first <= k <= last)
+    return out
 
 
 def _close(a, b, tolerance, floor=0.0):
@@ -148,7 +151,9 @@ def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0, until_steady
     per step, in models: how often a gossip method really mixed; an asynchronous one that
     cannot keep up with its link sends less often) and ``internode_models_per_step`` (the part
     that crossed a node's link; ``internode_bytes_per_s``: those bytes per second, each rank's
-    over its own steps, summed), ``steps`` (the timed steps simulated) and ``steady``.
+    over its own steps, summed), ``steps`` (the timed steps simulated) and ``steady``; for AGP
+    also ``message_delays``: for every share combined in those steps, the receiver's step then
+    less the sender's step when the share left (sorted), the schedule its mixing follows.
 
     With ``until_steady=False`` the figures are over the workload's timed steps, as a run of
     that length measures them (the validation compares such runs). With ``until_steady`` the

@@ -14,7 +14,7 @@ import re
 
 from .timing import Workload, simulate
 
-__all__ = ["p4_rows", "p4_table", "reproduction_table", "outer_table", "markdown", "TOLERANCE"]
+__all__ = ["p4_rows", "row_costs", "p4_table", "reproduction_table", "outer_table", "markdown", "TOLERANCE"]
 
 #: The relative error a prediction must stay within.
 TOLERANCE = 0.15
@@ -39,21 +39,40 @@ def _nodes(row):
     return nodes, ranks // nodes
 
 
-def p4_table(paths, costs, *, seed=0):
-    """Predicted vs measured for every P4 row: a list of dicts (one per row and case)."""
+def row_costs(row, costs, *, nominal_gbit=1.0):
+    """The costs a P4 row is predicted with, and its regime's name: the calibration's, its link
+    scaled to the row's ``rate_gbit`` (where the row has one; the calibration ran at
+    ``nominal_gbit``); where every rank of the row had a core of its own (``ranks`` <= the
+    machine's ``cores``), the regime the predictions past this machine assume
+    (:func:`.scaling.cluster_costs`: a core pool per node, a core per rank, no CPU per byte on the
+    wire), else the calibration's shared cores."""
+    from .scaling import cluster_costs
+    rate = float(row.get("rate_gbit", nominal_gbit))
+    nodes, per_node = _nodes(row)
+    if "cores" in row and int(row["ranks"]) <= int(row["cores"]):
+        return cluster_costs(costs, rate, per_node=per_node, nominal_gbit=nominal_gbit), "core per rank"
+    scaled = dataclasses.replace(costs, link_rate=costs.link_rate * rate / nominal_gbit)
+    return scaled, "shared cores" if costs.cores_shared else "calibrated cores"
+
+
+def p4_table(paths, costs, *, seed=0, nominal_gbit=1.0):
+    """Predicted vs measured for every P4 row: a list of dicts (one per row and case), each
+    predicted with :func:`row_costs`."""
     table = []
     for row, meta, path in p4_rows(paths):
         nodes, per_node = _nodes(row)
+        at, regime = row_costs(row, costs, nominal_gbit=nominal_gbit)
         for case, key, straggler in (("no straggler", "steps_per_s", {}),
                                      ("rank 1 2x slow", "steps_per_s_straggler", {1: 2.0})):
             work = Workload(mb=row["mb"], compute=row["compute_ms"] / 1e3, straggler=straggler,
                             steps=int(row.get("steps", 30)))
-            predicted = simulate(row["algorithm"], nodes, per_node, work, costs, seed=seed)["steps_per_s"]
+            predicted = simulate(row["algorithm"], nodes, per_node, work, at, seed=seed)["steps_per_s"]
             measured = row[key]
             runs = [r[0 if key == "steps_per_s" else 1] for r in row.get("runs", [])]
             table.append({"ranks": row["ranks"], "nodes": nodes, "mb": row["mb"], "algorithm": row["algorithm"],
-                          "case": case, "measured": measured, "measured_range": [min(runs), max(runs)] if runs
-                          else None, "predicted": predicted, "error": predicted / measured - 1,
+                          "case": case, "rate_gbit": float(row.get("rate_gbit", nominal_gbit)), "regime": regime,
+                          "measured": measured, "measured_range": [min(runs), max(runs)] if runs else None,
+                          "predicted": predicted, "error": predicted / measured - 1,
                           "source": f"{path} ({meta.get('commit', '?')})"})
     return table
 
@@ -123,8 +142,8 @@ def outer_table(path, costs, *, mb, nominal_gbit=1.0, seed=0):
         predicted = simulate(method, int(meta["ranks"]), 1, work, at_rate, seed=seed)["steps_per_s"]
         mean = sum(measured) / len(measured)
         table.append({"ranks": meta["ranks"], "nodes": meta["ranks"], "mb": mb, "algorithm": row,
-                      "case": f"{rate}", "measured": mean, "measured_range": [min(measured), max(measured)],
-                      "predicted": predicted, "error": predicted / mean - 1,
+                      "case": "no straggler", "rate_gbit": gbit, "measured": mean,
+                      "measured_range": [min(measured), max(measured)], "predicted": predicted, "error": predicted / mean - 1,
                       "source": f"{path} ({meta.get('commit', '?')})"})
     return table
 
@@ -138,15 +157,18 @@ def _gbit(rate):
 
 
 def markdown(table, tolerance=TOLERANCE):
-    """The table as markdown, and a last line counting the rows within ``tolerance``."""
-    lines = ["| ranks | MB | algorithm | case | measured steps/s (range) | predicted | error |",
-             "|---|---|---|---|---|---|---|"]
+    """The table as markdown, and a last line counting the rows within ``tolerance`` (and, where
+    rows ran on shapes the calibration never saw, a line counting those)."""
+    lines = ["| ranks (nodes) | Gbit/s | MB | algorithm | case | measured steps/s (range) | predicted | error |",
+             "|---|---|---|---|---|---|---|---|"]
     for t in table:
         rng = t["measured_range"]
         span = f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng else ""
         mark = "" if abs(t["error"]) <= tolerance else " **miss**"
-        lines.append(f"| {t['ranks']} | {t['mb']:g} | {t['algorithm']} | {t['case']} | {t['measured']:.2f}{span} | "
-                     f"{t['predicted']:.2f} | {t['error']:+.0%}{mark} |")
+        case = t["case"] + (f", {t['regime']}" if t.get("regime") == "core per rank" else "")
+        lines.append(f"| {t['ranks']} ({t.get('nodes', '?')}) | {t.get('rate_gbit', 1.0):g} | {t['mb']:g} | "
+                     f"{t['algorithm']} | {case} | {t['measured']:.2f}{span} | {t['predicted']:.2f} | "
+                     f"{t['error']:+.0%}{mark} |")
     within = sum(abs(t["error"]) <= tolerance for t in table)
     lines.append("")
     lines.append(f"{within} of {len(table)} rows within {tolerance:.0%}.")
