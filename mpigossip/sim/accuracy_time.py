@@ -253,7 +253,7 @@ def markdown(rows, accuracy):
                 "|---|---|---|---|---|"]
         for p, rate, factor, mixing in agp:
             n = accuracy[p]["steps"].get(mixing)
-            out.append(f"| {p} | {rate:g} | x{factor:g} | {mixing[len('agp '):]} | {'-' if n is None else f'{n:g}'} |")
+            out.append(f"| {p} | {rate:g} | x{factor:g} | {mixing.removeprefix('agp ').removeprefix('delays ')} | {'-' if n is None else f'{n:g}'} |")
     out += ["", "Mixing per method: osgp:D as sgp delay D; AGP as AsyncPushSum runs it (a share to an out-peer each "
             "step, one message in flight and one accumulating per out-peer, the weight floor), each message "
             "combined a delay after it left drawn from the time model's. Left out: the accuracy simulator steps all "

@@ -103,7 +103,7 @@ class Steps:
         self.announced = [[] for _ in range(self.n)]  # AGP: (message, weight, step sent) to each rank, not posted
         self.posted = [[] for _ in range(self.n)]     # AGP: (receive, weight, step sent) posted, not yet combined
         #: AGP: every share combined, as (receiver, its step then, the sender's step when it left):
-        #: the schedule the accuracy simulator mixes by (:func:`message_delays`)
+        #: the schedule the accuracy simulator mixes by (``simulate(...)["message_delays"]``)
         self.combined = []
         self.receives = 2                    # AGP's receive slots per rank (AsyncPushSum(receives=2))
         self.weight = [1.0] * self.n         # AGP's PushSum weights

@@ -51,8 +51,12 @@ def row_costs(row, costs, *, nominal_gbit=1.0):
     nodes, per_node = _nodes(row)
     if "cores" in row and int(row["ranks"]) <= int(row["cores"]):
         return cluster_costs(costs, rate, per_node=per_node, nominal_gbit=nominal_gbit), "core per rank"
-    scaled = dataclasses.replace(costs, link_rate=costs.link_rate * rate / nominal_gbit)
-    return scaled, "shared cores" if costs.cores_shared else "calibrated cores"
+    return _at_rate(costs, rate, nominal_gbit), "shared cores" if costs.cores_shared else "calibrated cores"
+
+
+def _at_rate(costs, gbit, nominal_gbit):
+    """``costs`` with the calibration's link (measured at ``nominal_gbit``) scaled to ``gbit``."""
+    return dataclasses.replace(costs, link_rate=costs.link_rate * gbit / nominal_gbit)
 
 
 def p4_table(paths, costs, *, seed=0, nominal_gbit=1.0):
@@ -137,7 +141,7 @@ def outer_table(path, costs, *, mb, nominal_gbit=1.0, seed=0):
     table = []
     for (rate, row, method), measured in sorted(groups.items()):
         gbit = _gbit(rate)
-        at_rate = dataclasses.replace(costs, link_rate=costs.link_rate * gbit / nominal_gbit)
+        at_rate = _at_rate(costs, gbit, nominal_gbit)
         work = Workload(mb=mb, compute=meta["compute_ms"] / 1e3, steps=3 * int(meta["inner_steps"]))
         predicted = simulate(method, int(meta["ranks"]), 1, work, at_rate, seed=seed)["steps_per_s"]
         mean = sum(measured) / len(measured)
@@ -157,8 +161,7 @@ def _gbit(rate):
 
 
 def markdown(table, tolerance=TOLERANCE):
-    """The table as markdown, and a last line counting the rows within ``tolerance`` (and, where
-    rows ran on shapes the calibration never saw, a line counting those)."""
+    """The table as markdown, and a last line counting the rows within ``tolerance``."""
     lines = ["| ranks (nodes) | Gbit/s | MB | algorithm | case | measured steps/s (range) | predicted | error |",
              "|---|---|---|---|---|---|---|---|"]
     for t in table:
