@@ -150,6 +150,7 @@ def survivors(out):
     (3, ["--victim", "0", "--die", "0"]),                    # rank 0, before its first step
     (4, ["--victim", "1", "--algo", "dpsgd"]),
     (4, ["--victim", "2", "--algo", "allreduce", "--mb", "4", "--mid"]),
+    (4, ["--victim", "1", "--algo", "allreduce-overlap", "--mb", "4", "--mid"]),  # killed while its ring is in flight
     (4, ["--victim", "1", "--algo", "gossip-push", "--mb", "4", "--mid", "--steps", "80"]),  # 3 random pushers:
     # 31 steps after the failure left their spread near the 1e-6 checked, under load (4 of 6 runs above it)
     (4, ["--victim", "3", "--algo", "osgp"]),                # overlap mode: shares in flight when it dies

@@ -200,6 +200,16 @@ def scratch(buf, size=None):
     return Buffer(array, array, "numpy" if isinstance(array, np.ndarray) else "cupy")
 
 
+def empty_like(array, n):
+    """An uninitialised 1-D array of ``n`` elements of ``array``'s module (numpy or cupy), dtype
+    and device."""
+    if isinstance(array, np.ndarray):
+        return np.empty(n, array.dtype)
+    cupy = _cupy()
+    with cupy.cuda.Device(array.device.id):
+        return cupy.empty(n, array.dtype)
+
+
 def raw(like, nbytes):
     """A new :class:`Buffer` of ``nbytes`` uninitialised bytes (uint8) on ``like``'s device
     (wire bytes of a compressed message)."""

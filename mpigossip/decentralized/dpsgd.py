@@ -19,7 +19,8 @@ from .. import topology as topo_mod
 from ..core import buffers
 from ..core.base import Communicator, check_chunk_bytes, step_tag
 from ..resilience import failures
-from ..resilience.tolerant import PersistentExchange, Survives
+from ..resilience.persistent import PersistentRequests
+from ..resilience.tolerant import Survives
 from .pipeline import Pipeline, bind_mixing
 
 if TYPE_CHECKING:
@@ -73,9 +74,9 @@ class DPSGD(Survives, Communicator):
         self.failures: list[Any] = []
         self._stage, self._cuda_aware = stage, cuda_aware
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
+        self._tolerate(on_failure, lambda: PersistentRequests(self))
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
-                                  cuda_aware=cuda_aware, wire=wire)
-        self._tolerate(on_failure, lambda: PersistentExchange(self, weighted=False))
+                                  cuda_aware=cuda_aware, wire=wire, requests=self._exchange)
 
     def _bind_topology(self):
         topology, slots = self._graph
@@ -96,13 +97,17 @@ class DPSGD(Survives, Communicator):
         """One averaging round with this step's neighbours (collective over the graph)."""
         self._check_open()
         if self._exchange is not None:
-            return self._tolerant_step(lambda k: self._exchange.run(*self._mixing(k), f"step (step {k})"))
-        k = self.steps
-        self_weight, outs, ins, weights = self._mixing(k)
-        self._pipeline.run(outs, ins, step_tag(k), f"step (step {k})",
-                           self_weight=self_weight, weights=weights, step=k)
-        self.buffer.release()
+            return self._tolerant_step(self._step)
+        self._step(self.steps)
         self.steps += 1
+
+    def _step(self, k):
+        """The round at step ``k`` (with ``on_failure="continue"``, atomic: a failure raises
+        PeerFailure with ``x`` as it was)."""
+        self_weight, outs, ins, weights = self._mixing(k)
+        tag = step_tag(0 if self._exchange is not None else k)   # (persistent requests keep their tags)
+        self._pipeline.run(outs, ins, tag, f"step (step {k})", self_weight=self_weight, weights=weights, step=k)
+        self.buffer.release()
 
     def free(self) -> None:
         """Release the communicator (and the persistent requests, if no failure was met)."""

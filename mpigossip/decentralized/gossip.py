@@ -32,7 +32,9 @@ from ..core.checks import check_integer
 from ..core.periodic import new_with_tau
 from ..onesided import rma
 from ..resilience import failures
-from ..resilience.tolerant import PersistentExchange, Survives
+from ..resilience.persistent import PersistentRequests
+from ..resilience.tolerant import Survives
+from .pipeline import Pipeline
 
 if TYPE_CHECKING:
     from ..core.hints import Buffer
@@ -112,7 +114,11 @@ class Gossip(Survives, Communicator):
         self.failures: list[Any] = []
         if mode == "pull":
             self._open_window()
-        self._tolerate(on_failure, lambda: PersistentExchange(self, weighted=False))
+        self._tolerate(on_failure, lambda: PersistentRequests(self))
+        self._pipeline = None  # push without a wire format: the mixing step's pipeline (decentralized.pipeline)
+        if mode == "push" and wire is None:
+            self._pipeline = Pipeline(self, self._x, chunk_bytes=4 << 20, slots=2, stage=stage, cuda_aware=cuda_aware,
+                                      requests=self._exchange)
 
     def _bind_topology(self):
         return self._graph.bind(self.size)
@@ -155,12 +161,22 @@ class Gossip(Survives, Communicator):
         """One gossip round (collective only in push mode, where receivers wait for senders)."""
         self._check_open()
         if self._exchange is not None:
-            return self._tolerant_step(lambda k: self._exchange.run(*self._mixing(k), f"step (round {k})"))
+            return self._tolerant_step(self._mix)
         if self.mode == "pull":
             self._pull()
+        elif self._pipeline is not None:
+            self._mix(self.steps)
         else:
             self._push()
         self.steps += 1
+
+    def _mix(self, r):
+        """Push round ``r`` on the synchronous mixing step's pipeline (with ``on_failure="continue"``,
+        atomic: a failure raises PeerFailure with ``x`` as it was)."""
+        own, outs, senders, weights = self._mixing(r)
+        tag = step_tag(0 if self._exchange is not None else r)   # (persistent requests keep their tags)
+        self._pipeline.run(outs, senders, tag, f"step (round {r})", self_weight=own, weights=weights, step=r)
+        self.buffer.release()
 
     def _mixing(self, r):
         """``(own weight, outs, ins, their weights)`` of push round r: x is averaged with what
@@ -189,6 +205,8 @@ class Gossip(Survives, Communicator):
         self.buffer.release()
 
     def _push(self):
+        """A push round with a wire format: the whole x encoded once, every sender's bytes
+        decoded into one fused average (no mass is kept, so the rounding error stays)."""
         r = self.steps
         tag = step_tag(r)
         own, outs, senders, weights = self._mixing(r)

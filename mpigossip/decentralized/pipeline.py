@@ -13,12 +13,21 @@ buffer of wire bytes just before its sends are posted, and the same pass keeps t
 error: ``x -= (1 - self_weight) * decoded`` (what the out-peers take of it), so the mass
 that leaves a rank is exactly what arrives (PushSum's Σx, D-PSGD's mean). The combine
 decodes what arrived in the same pass: ``x += sum_j b_j * decoded_j``.
+
+How each message's request is made and waited is the pipeline's *request strategy*
+(:class:`mpigossip.exact.ring.Immediate` by default: ``Isend``/``Irecv`` under the owner's
+deadline). With ``on_failure="continue"`` the communicator passes
+:class:`mpigossip.resilience.persistent.PersistentRequests`: the same messages on persistent
+requests, each under the eager limit, and the step *atomic*: every chunk has a receive slot of
+its own and ``x`` is combined only once every message of the step has arrived, so that a step
+that meets a failure (:class:`~mpigossip.resilience.failures.PeerFailure`) leaves ``x`` as it was.
 """
 
 from .. import topology as topo_mod
 from ..core import buffers, kernels
 from ..core import wire as wire_mod
 from ..core.checks import check_integer
+from ..exact.ring import Immediate
 
 
 def bind_mixing(topology, default, size, *, slots, what):
@@ -43,13 +52,25 @@ class Pipeline:
         transport: the :class:`~mpigossip.core.buffers.Transport` of ``owner.buffer``.
         chunk_bytes, slots: as the communicators document them.
         wire: a wire format (:data:`mpigossip.core.wire.FORMATS`) or None (the buffer itself).
+        requests: the request strategy (None: :class:`~mpigossip.exact.ring.Immediate`); one with
+            a ``limit`` makes the step atomic (see the module).
     """
 
-    def __init__(self, owner, transport, *, chunk_bytes, slots, stage=None, cuda_aware=None, wire=None):
+    def __init__(self, owner, transport, *, chunk_bytes, slots, stage=None, cuda_aware=None, wire=None,
+                 requests=None):
         self.owner, self.x = owner, transport
+        self.requests = Immediate(owner) if requests is None else requests
+        self.atomic = self.requests.limit is not None
         buf = owner.buffer
         n = buf.size
         self.wire = None if wire is None else wire_mod.Wire(wire, buf.dtype, seed=owner.rank)
+        if self.atomic:  # every chunk under the limit, each with a slot of its own: x combined once all arrived
+            self.chunk = min(n, max(1, self.requests.limit // buf.dtype.itemsize))
+            self.slots = -(-n // self.chunk)
+            self._stage, self._cuda_aware = stage, cuda_aware
+            self._pipe = []
+            self._send = None
+            return
         self.chunk = n if transport.staged else min(n, max(1, chunk_bytes // buf.dtype.itemsize))
         if self.wire is not None and self.chunk < n:
             self.chunk = min(n, self.wire.chunk(self.chunk))
@@ -69,10 +90,10 @@ class Pipeline:
 
     def _post_sends(self, bounds, outs, tag, share, step):
         """Post every chunk's sends: ``x`` itself, or each chunk's wire bytes encoded just before."""
-        comm, buf = self.owner.comm, self.owner.buffer
+        comm, buf, requests = self.owner.comm, self.owner.buffer, self.requests
         if self.wire is None:
             self.x.before_send()
-            return [[comm.Isend(self.x.part(lo, hi), dest=dst, tag=tag) for dst in outs] for lo, hi in bounds]
+            return [[requests.isend(comm, self.x.part(lo, hi), dst, tag) for dst in outs] for lo, hi in bounds]
         if not outs:
             return [[] for _ in bounds]
         code = self.wire
@@ -88,19 +109,21 @@ class Pipeline:
                 sends.append([])
                 continue
             buf.synchronize()  # the encode has written the bytes MPI reads
-            sends.append([comm.Isend(send.part(at, at + code.nbytes(hi - lo)), dest=dst, tag=tag) for dst in outs])
+            sends.append([requests.isend(comm, send.part(at, at + code.nbytes(hi - lo)), dst, tag) for dst in outs])
         if send.staged:
             send.before_send()
-            sends[0] = [comm.Isend(send.spec, dest=dst, tag=tag) for dst in outs]
+            sends[0] = [requests.isend(comm, send.spec, dst, tag) for dst in outs]
         return sends
 
     def run(self, outs, ins, tag, op, *, self_weight, weights, before_combine=None, z=None, w=1.0, step=0):
         """One mixing step (the communicator's ``step``: the wire format's random bits depend on
         it). ``weights[j]`` scales what ``ins[j]`` sends; ``before_combine()``
         runs after the first receives are posted and before the first combine (PushSum waits
-        for its weight messages there) and returns ``w`` for the fused de-bias into ``z``."""
+        for its weight messages there) and returns ``w`` for the fused de-bias into ``z``.
+        Atomic (see the module): ``before_combine`` runs once every message has arrived, and a
+        failure before the combine raises with ``x`` as it was."""
         owner, buf = self.owner, self.owner.buffer
-        comm, code = owner.comm, self.wire
+        comm, code, requests = owner.comm, self.wire, self.requests
         n, chunk, nslots = buf.size, self.chunk, self.slots
         bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
         slots = [self._slot(j) for j in range(len(ins))]
@@ -114,7 +137,7 @@ class Pipeline:
 
         def post(i):
             at = (i % nslots) * size
-            recvs[i] = [comm.Irecv(slot.part(at, at + extent(i)), source=src, tag=tag)
+            recvs[i] = [requests.irecv(comm, slot.part(at, at + extent(i)), src, tag)
                         for slot, src in zip(slots, ins)]
 
         for i in range(nslots):  # receives first, so early senders find them posted
@@ -124,13 +147,23 @@ class Pipeline:
         peers = list(ins) + list(outs)  # the order of the requests in every wait below
 
         def named(pending):
-            return sorted({peers[i] for i in pending})
+            return sorted({peers[i % len(peers)] for i in pending})
 
+        x = buf.array
+        if self.atomic:  # every message of the step, then the one combine
+            requests.wait([r for i in range(len(bounds)) for r in recvs[i] + sends[i]], op, named)
+            if before_combine is not None:
+                w = before_combine(named)
+            parts = []
+            for slot in slots:
+                slot.after_recv()
+                parts.append(slot.buffer.array[:n])
+            kernels.weighted_sum(x, x, self_weight, parts, weights, z=z, w=w)
+            return
         if before_combine is not None:
             w = before_combine(named)
-        x = buf.array
         for i, (lo, hi) in enumerate(bounds):
-            owner._wait(recvs.pop(i) + sends[i], op, peer=named)
+            requests.wait(recvs.pop(i) + sends[i], op, named)
             at = (i % nslots) * size
             parts = []
             for slot in slots:

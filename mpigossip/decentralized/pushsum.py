@@ -32,7 +32,7 @@ from ..core.base import check_chunk_bytes, step_tag, tag_period
 from ..core.checks import check_integer
 from ..core.registry import OPTION_DEFAULTS
 from ..resilience import failures
-from ..resilience.tolerant import PersistentExchange
+from ..resilience.persistent import PersistentRequests
 from ..resilience.tolerant_overlap import PersistentOverlap
 from .agp import AsyncPushSum
 from .pipeline import Pipeline
@@ -124,13 +124,15 @@ class PushSum(PushSumBase):
                          stage=stage, slots=slots, z=z, wire=wire, check=check,
                          same={"chunk_bytes": chunk_bytes, "slots": slots, "on_failure": on_failure})
         self.max_delay: int = max_delay  # type: ignore[assignment]  # never None here: __new__
-        self._tolerate(on_failure, lambda: PersistentExchange(self))
+        self._tolerate(on_failure, lambda: PersistentRequests(self))
         if self._exchange is not None:  # Σw now, against which a failure's loss is reported
             self._total_weight = deadline.allreduce(self.comm, self.weight, timeout=self.timeout,
                                                     op=f"{self._name} (total weight)")
         self._x = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
         self._pipeline = Pipeline(self, self._x, chunk_bytes=chunk_bytes, slots=slots, stage=stage,
-                                  cuda_aware=cuda_aware, wire=wire)
+                                  cuda_aware=cuda_aware, wire=wire, requests=self._exchange)
+        self._wrecv = np.zeros(0, dtype=np.float64)   # the synchronous step's weights received and sent
+        self._wsend = np.zeros(1, dtype=np.float64)
         self._recv: list[Any] = []        # overlap: full-size receive Transports (scratch), grown on demand
         self._recv_free: list[Any] = []   # indices of free receive slots (overlap mode)
         self._send: list[Any] = []        # overlap: send Transports
@@ -165,29 +167,53 @@ class PushSum(PushSumBase):
             raise RuntimeError("PushSum.step(): overlap messages are in flight; call drain() first")
         self._overlap = False
         if self._exchange is not None:
-            return self._tolerant_step(lambda k: self._exchange.run(*self._mixing(k), f"step (step {k})", step=k))
+            return self._tolerant_step(self._step)
         if self._agree_members():
             return
-        k = self.steps
+        self._step(self.steps)
+        self.steps += 1
+
+    def _step(self, k):
+        """The synchronous round at step ``k`` (with ``on_failure="continue"``, atomic: a failure
+        raises PeerFailure with ``(x, w)`` as they were)."""
         op = f"step (step {k})"
         self_weight, outs, ins, shares = self._mixing(k)
-        wtag = _tag(k, True)
-        wrecv = np.zeros(len(ins), dtype=np.float64)
-        wsend = np.array([self.weight], dtype=np.float64)
-        weights = [self.comm.Irecv(wrecv[j:j + 1], source=src, tag=wtag) for j, src in enumerate(ins)]
-        weights += [self.comm.Isend(wsend, dest=dst, tag=wtag) for dst in outs]
-        if self._zbuf is not None:
+        requests, comm = self._pipeline.requests, self.comm
+        tolerant = self._exchange is not None
+        wtag = _tag(0 if tolerant else k, True)   # (persistent requests keep their tags)
+        if self._wrecv.size != len(ins):
+            self._wrecv = np.zeros(len(ins), dtype=np.float64)
+        wrecv, wsend = self._wrecv, self._wsend
+        wsend[0] = self.weight
+        weights = [requests.irecv(comm, wrecv[j:j + 1], src, wtag) for j, src in enumerate(ins)]
+        weights += [requests.isend(comm, wsend, dst, wtag) for dst in outs]
+        if self._zbuf is not None and not tolerant:
             self._zbuf.acquire()  # the fused de-bias writes z
 
         def new_weight(named):
-            self._wait(weights, op, peer=named)  # same order as the pipeline's: ins, then outs
+            requests.wait(weights, op, named)  # same order as the pipeline's: ins, then outs
+            if tolerant:   # every message has arrived: the step combines (x as sent kept for a recovery)
+                self._acquire()
+                self._keep(k)
             self.weight = self_weight * self.weight + sum(s * float(wj) for s, wj in zip(shares, wrecv))
             return self.weight
 
-        self._pipeline.run(outs, ins, _tag(k), op, self_weight=self_weight, weights=shares, step=k,
-                           before_combine=new_weight, z=None if self._zbuf is None else self._zbuf.array)
+        self._pipeline.run(outs, ins, _tag(0 if tolerant else k), op, self_weight=self_weight, weights=shares,
+                           step=k, before_combine=new_weight, z=None if self._zbuf is None else self._zbuf.array)
         self._release()
-        self.steps += 1
+
+    #: ``(step, x as sent, w as sent)`` of the last synchronous step combined with
+    #: ``on_failure="continue"``, or None: a recovery hands back a share that a live out-peer never
+    #: added (:meth:`_settle`).
+    _previous = None
+
+    def _keep(self, k):
+        """Copy ``x`` as step ``k`` sent it, with its weight (the caller holds the buffer)."""
+        if self._previous is None:
+            self._previous = (k, buffers.scratch(self.buffer), self.weight)
+        _, copy, _ = self._previous
+        kernels.weighted_sum(copy.array, self.buffer.array, 1.0)
+        self._previous = (k, copy, self.weight)
 
     def _mixing(self, k):
         """``(self_weight, outs, ins, shares)`` at step k: ``shares[j]`` is the weight the
@@ -315,7 +341,7 @@ class PushSum(PushSumBase):
 
     def _recovery_share(self, entry):
         share = super()._recovery_share(entry)
-        previous = None if self._exchange is None else self._exchange.previous
+        previous = self._previous
         if not self._overlap:   # synchronous steps: what _settle needs of every survivor
             share.update(entry=entry, combined=entry - 1 if previous is None else previous[0],
                          sent=None if previous is None else previous[2])
@@ -351,15 +377,13 @@ class PushSum(PushSumBase):
           was counted twice);
         * this rank combined its last step and the peer did not, so the share sent to it then
           was never added: it is added back here, from the copy of ``(x, w)`` as sent
-          (:attr:`~mpigossip.resilience.tolerant.PersistentExchange.previous`).
+          (:attr:`_previous`).
 
         The survivors' sums then hold all their mass; only the dead ranks' own and what was in
         flight to or from them is lost. (A share sent at an older step to a peer that had not
         combined it would be lost too: not seen, since a rank finishes a step only once its
         in-peers have entered it.)"""
-        previous = None if self._exchange is None else self._exchange.previous
-        if self._exchange is not None:
-            self._exchange.previous = None   # (of the communicator that failed)
+        previous, self._previous = self._previous, None   # (of the communicator that failed)
         last = dict(zip(before.old, rec.shared))
         mine = last[before.rank]
         keep, back = self._adjustment(mine, before.rank, last, before.topology)

@@ -12,13 +12,15 @@ from ..core.base import Communicator, check_chunk_bytes
 from ..core.checks import integer_error
 from ..resilience import failures
 from ..resilience.membership import MeanJoin
+from ..resilience.persistent import PersistentRequests
 from ..resilience.tolerant import Survives
-from ..resilience.tolerant_allreduce import PersistentRing
 from .ring import ALGORITHMS, SEGMENT_BYTES, Layout, NodeRing, Ring
 from .wire_allreduce import NodeWireAllreduce, WireAllreduce
 
 if TYPE_CHECKING:
     from ..core.hints import Buffer
+
+_COUNTED = object()  # on_failure="continue": a start() that moves nothing (one rank, or a call that only counts)
 
 
 class AllreduceAverager(MeanJoin, Survives, Communicator):
@@ -59,14 +61,15 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         layout: a :class:`mpigossip.exact.ring.Layout` of ``comm`` to share (many averagers on one
             communicator: its sub-communicators are made once); default: its own.
         on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on
-            (:mod:`mpigossip.resilience.failures`; launch with ``mpiexec --with-ft ulfm``). ``average()``
-            then runs a ring on persistent requests (:mod:`mpigossip.resilience.tolerant_allreduce`);
-            the average that meets a failure leaves the buffer as it was (a survivor whose
-            ring had completed keeps its mean: the ranks' buffers may differ by that one
-            average), the communicator shrinks to the survivors, and from the next
-            ``average()`` on the mean is theirs. ``failures``/``members`` as for
-            :class:`mpigossip.PushSum`. Blocking ``average()`` only: not with ``wire``,
-            ``start()``/``finish()`` or :meth:`join`.
+            (:mod:`mpigossip.resilience.failures`; launch with ``mpiexec --with-ft ulfm``). The
+            mean then runs the flat ring (``algorithm`` ``"auto"`` or ``"ring"``; MPI's
+            collectives and the node-aware ring's node phases do not survive a failure), the
+            same schedule on persistent requests (:mod:`mpigossip.resilience.persistent`);
+            an ``average()`` or a ``start()``/``finish()`` that meets a failure leaves the
+            buffer as it was (a survivor whose ring had completed keeps its mean: the ranks'
+            buffers may differ by that one average), the communicator shrinks to the survivors,
+            and from the next mean on it is theirs. ``failures``/``members`` as for
+            :class:`mpigossip.PushSum`. Not with ``wire`` or :meth:`join`.
 
     ``average()`` blocks; ``start()`` posts a nonblocking ``Iallreduce`` that overlaps
     with computation until ``finish()``. Do not touch ``buf`` in between. Uneven data shards:
@@ -75,6 +78,8 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
     """
 
     _name = "AllreduceAverager"
+    _ring: Ring | NodeRing | None            # average()'s ring (None: MPI's Allreduce)
+    _nonblocking_ring: Ring | None           # start()/finish()'s ring
 
     def __init__(self, buf: Buffer, *, comm: MPI.Intracomm, timeout: float | None = None,
                  cuda_aware: bool | None = None, stage: bool | None = None, chunk_bytes: int | None = None,
@@ -85,33 +90,27 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         if algorithm not in ALGORITHMS:
             error = error or f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
         error = error or failures.check_on_failure(on_failure, wire)
+        if on_failure == "continue" and algorithm in ("mpi", "node-ring"):
+            error = error or (f"algorithm={algorithm!r} cannot survive a failed rank (MPI's collectives, the "
+                              "node-aware ring's node phases): with on_failure='continue' use 'auto' or 'ring'")
         self._validate(error)
+        self._algorithm = algorithm
         self.buffer = self._check_buffer(buf, name="buf", wire=wire, same={
             "chunk_bytes": chunk_bytes, "algorithm": algorithm, "segment_bytes": segment_bytes,
             "on_failure": on_failure})
         self.members = list(range(self.size))
         self.failures: list[Any] = []
-        self._tolerate(on_failure, lambda: PersistentRing(self, stage=stage, cuda_aware=cuda_aware))
+        self._tolerate(on_failure, lambda: PersistentRequests(self))
         self.wire = wire
+        self.segment_bytes = segment_bytes
+        self._sync = self.buffer.synchronize if self.buffer.on_device else (lambda: None)
         self._own_layout = layout is None
         self.layout = Layout(self.comm, timeout=self.timeout) if layout is None else layout
-        self.algorithm = self.layout.choose(algorithm, self.buffer.nbytes)
-        self.segment_bytes = segment_bytes
-        segment = max(1, segment_bytes // self.buffer.dtype.itemsize)
-        sync = self.buffer.synchronize if self.buffer.on_device else (lambda: None)
-        # start()/finish() always run a flat ring: the node-aware one's node collectives would be
-        # begun in a different order on different ranks when several averagers overlap (a model's
-        # buckets), which MPI's nonblocking collectives do not allow.
-        self._ring: Ring | NodeRing | None = None
-        self._nonblocking_ring: Ring | None = None
-        if self.algorithm in ("ring", "node-ring"):
-            self._nonblocking_ring = Ring(self, self.comm, synchronize=sync, segment=segment, scale=1.0 / self.size,
-                                          op=f"{self._name}.finish (ring)", claim=self.layout.claim_tags)
-            self._ring = self._nonblocking_ring
-        if self.algorithm == "node-ring":
-            self._ring = NodeRing(self, self.layout.node, self.layout.cross, synchronize=sync, segment=segment,
-                                  scale=1.0 / self.size, op=f"{self._name}.average (node-aware ring)",
-                                  claim=self.layout.claim_tags)
+        self.algorithm = self.layout.choose(algorithm, self.buffer.nbytes, tolerant=self._exchange is not None)
+        self._backup = None  # on_failure="continue": the buffer before the mean, put back if a peer fails in it
+        self._tags = None    # on_failure="continue": the rings' one tag window (persistent requests keep their tags)
+        self._failed = None  # on_failure="continue": the PeerFailure met in start() or test(), raised by finish()
+        self._build_rings()
         self._compressed = (WireAllreduce(self.comm, self.buffer, wire, wait=self._wait, stage=stage,
                                           cuda_aware=cuda_aware) if wire is not None and self.size > 1 else None)
         self._transport = buffers.Transport(self.buffer, stage=stage, cuda_aware=cuda_aware)
@@ -128,6 +127,37 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
 
     _renamed = {"rounds": "steps"}
 
+    def _build_rings(self):
+        """The rings over the current communicator. ``start()``/``finish()`` always run a flat
+        ring: the node-aware one's node collectives would be begun in a different order on
+        different ranks when several averagers overlap (a model's buckets), which MPI's
+        nonblocking collectives do not allow. With ``on_failure="continue"`` the same rings run
+        on persistent requests (:class:`~mpigossip.resilience.persistent.PersistentRequests`),
+        in messages under the eager limit, in one tag window."""
+        self._ring = None
+        self._nonblocking_ring = None
+        itemsize = self.buffer.dtype.itemsize
+        segment = max(1, self.segment_bytes // itemsize)
+        claim = self.layout.claim_tags
+        if self._exchange is not None:
+            segment = min(segment, max(1, self._exchange.limit // itemsize))
+            claim = self._tag_window
+        options = {"synchronize": self._sync, "segment": segment, "scale": 1.0 / self.size, "claim": claim,
+                   "requests": self._exchange}
+        if self.algorithm in ("ring", "node-ring"):
+            self._nonblocking_ring = Ring(self, self.comm, op="finish (ring)", **options)
+            self._ring = self._nonblocking_ring
+        if self.algorithm == "node-ring":
+            self._ring = NodeRing(self, self.layout.node, self.layout.cross,
+                                  op="average (node-aware ring)", **options)
+
+    def _tag_window(self, count):
+        """``on_failure="continue"``: every run's tags from one window, claimed at the first run
+        on this communicator (its persistent requests are made once, with their tags)."""
+        if self._tags is None or self._tags[1] < count:
+            self._tags = (self.layout.claim_tags(count), count)
+        return self._tags[0]
+
     def step(self) -> None:
         """The blocking exact mean (:meth:`average`)."""
         self.average()
@@ -136,7 +166,7 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         """Blocking exact mean (after :meth:`join`: over the ranks still training)."""
         if self._exchange is not None:
             self._check_idle()
-            return self._tolerant_step(self._exchange.run)
+            return self._tolerant_step(self._tolerant_average)
         if self._shadow_round():
             return
         self._average()
@@ -193,12 +223,72 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             self.buffer.release()
         self.steps += 1
 
+    def _backed_up(self):
+        """``on_failure="continue"``: the memory MPI reads (staged to the host if need be), with a
+        copy kept to put back if a peer fails in the mean."""
+        t = self._transport
+        t.before_send()
+        memory = t.memory
+        if self._backup is None:
+            self._backup = buffers.empty_like(memory, memory.size)
+        self._backup[...] = memory
+        return memory
+
+    def _salvage(self):
+        """A peer failed in the mean: the buffer as it was before it (the memory MPI wrote, put
+        back), the ring's place forgotten."""
+        self._transport.memory[...] = self._backup
+        for ring in (self._ring, self._nonblocking_ring):
+            if ring is not None:
+                ring.abandon()
+
+    def _tolerant_average(self, k):
+        """The blocking mean at step ``k`` on persistent requests; raises PeerFailure with the
+        buffer as it was."""
+        if self.size == 1:
+            return
+        memory = self._backed_up()
+        try:
+            self._ring.run(memory)
+        except failures.PeerFailure:
+            self._salvage()
+            raise
+        self._transport.after_recv()
+        self.buffer.release()
+
+    def _tolerant_start(self):
+        self._check_idle()
+        self._request = self._nonblocking_ring  # (None alone, with one rank)
+        if self._skip or self.size == 1:   # a call that only counts (see Survives), or nothing to move
+            self._request = _COUNTED
+            return
+        memory = self._backed_up()
+        try:
+            self._nonblocking_ring.start(memory)
+        except failures.PeerFailure as exc:
+            self._failed = exc
+
+    def _tolerant_finish(self, k):
+        ring, failed = self._request, self._failed
+        self._request, self._failed = None, None
+        if ring is _COUNTED:
+            return
+        try:
+            if failed is not None:
+                raise failed
+            ring.wait()
+        except failures.PeerFailure:
+            self._salvage()
+            raise
+        self._transport.after_recv()
+        self.buffer.release()
+
     def start(self) -> None:
-        """Post the nonblocking ``Iallreduce`` (with a wire format: the reduce-scatter); returns at once
-        (after :meth:`join`, a small blocking count of the ranks still training comes first)."""
+        """Post the nonblocking ``Iallreduce`` (with a wire format: the reduce-scatter; with a
+        ring: its first messages); returns at once (after :meth:`join`, a small blocking count of
+        the ranks still training comes first)."""
         if self._exchange is not None:
-            raise RuntimeError(f"{self._name}(on_failure='continue') survives failures in average() only, not in "
-                               "start()/finish()")
+            return self._tolerant_start()
         if self._shadow_round(overlap=True):
             return
         self._start()
@@ -220,6 +310,14 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         """Whether the started average has completed (drives progress)."""
         if self._request is None:
             raise RuntimeError(f"{self._name}.test(): nothing started")
+        if self._exchange is not None:  # a failure met here is raised (and recovered from) by finish()
+            if self._request is _COUNTED or self._failed is not None:
+                return True
+            try:
+                return self._nonblocking_ring.test()
+            except failures.PeerFailure as exc:
+                self._failed = exc
+                return True
         if self._compressed is not None:
             return self._compressed.test()
         if self._nonblocking_ring is not None:
@@ -229,6 +327,14 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
     def finish(self) -> None:
         """Complete the started average and scale by ``1/size`` (after :meth:`join`: by one over
         the ranks still training)."""
+        if self._exchange is not None:
+            if self._request is None:
+                raise RuntimeError(f"{self._name}.finish(): start() was not called")
+            if self._request is _COUNTED and not self._skip:  # one rank: nothing moved, the step counts
+                self._request = None
+                self.steps += 1
+                return
+            return self._tolerant_step(self._tolerant_finish)
         if self._joined and self.active == 0 and self._request is None:
             return  # every rank had left: start() moved nothing
         self._finish_average()
@@ -284,7 +390,13 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             self.finish()
 
     def _rebind(self):
-        """After a shrink: nothing to rebind (the ring is rebuilt over the survivors)."""
+        """After a shrink: the layout and the rings over the survivors (the failed layout's
+        communicators hold the dead rank: kept, never freed)."""
+        failures.keep(self.layout)
+        self.layout, self._own_layout = Layout(self.comm, timeout=self.timeout), True
+        self.algorithm = self.layout.choose(self._algorithm, self.buffer.nbytes, tolerant=True)
+        self._tags = None
+        self._build_rings()
 
     def join(self) -> None:
         """See :class:`~mpigossip.resilience.membership.MeanJoin` (not with ``on_failure="continue"``)."""

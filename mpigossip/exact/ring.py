@@ -20,12 +20,18 @@ nodes, instead of ``2 (P - 1) / P`` for the flat ring); a node allgather ends it
 Both are written as a generator of request lists (:meth:`_Schedule.steps`), so one schedule
 serves the blocking call (every wait under the deadline) and the nonblocking
 ``start()``/``test()``/``finish()`` (progress from ``test()`` calls).
+
+How a message's request is made, tested and waited is the schedule's *request strategy*:
+:class:`Immediate` (``Isend``/``Irecv``, waited under the owner's deadline) by default, or
+:class:`mpigossip.resilience.persistent.PersistentRequests` for ``on_failure="continue"``
+(persistent requests made once and started each run, a failed peer raised as
+:class:`~mpigossip.resilience.failures.PeerFailure`). The schedule, its segments and its
+arithmetic are the same in both.
 """
 
-import numpy as np
 from mpi4py import MPI
 
-from ..core import kernels, nodes
+from ..core import buffers, kernels, nodes
 from ..core.base import shard_bounds
 
 
@@ -33,12 +39,40 @@ def _segments(lo, hi, seg):
     return [(a, min(hi, a + seg)) for a in range(lo, hi, seg)] if hi > lo else []
 
 
+class Immediate:
+    """The default request strategy: ``Isend``/``Irecv``, each made for one message, waited
+    under the owner's deadline (its ``_wait``). ``limit``: the most bytes one request may move
+    (None: no limit)."""
+
+    limit = None
+
+    def __init__(self, owner):
+        self.owner = owner
+
+    def isend(self, comm, array, dest, tag):
+        return comm.Isend(array, dest=dest, tag=tag)
+
+    def irecv(self, comm, array, source, tag):
+        return comm.Irecv(array, source=source, tag=tag)
+
+    def test(self, requests, op):
+        """Whether every request has completed."""
+        return MPI.Request.Testall(requests)
+
+    def wait(self, requests, op, peer):
+        """Complete ``requests``; ``op`` names the owner's call (e.g. "step (step 5)"), ``peer``
+        whom it waits for (a callable of the pending indices, or a string)."""
+        self.owner._wait(requests, op, peer=peer)
+
+
 class _Schedule:
     """A generator of request lists over one buffer; :meth:`start`, :meth:`test` and
-    :meth:`wait` drive it."""
+    :meth:`wait` drive it, its requests made by ``requests`` (a strategy: :class:`Immediate`
+    by default)."""
 
-    def __init__(self, owner, op):
+    def __init__(self, owner, op, requests=None):
         self.owner, self.op = owner, op
+        self.requests = Immediate(owner) if requests is None else requests
         self._gen, self._pending = None, None
 
     def start(self, memory):
@@ -53,22 +87,26 @@ class _Schedule:
             except StopIteration:
                 self._gen, self._pending = None, None
                 return
-            if not MPI.Request.Testall(self._pending):
+            if not self.requests.test(self._pending, self.op):
                 return
 
     def test(self):
         """Drive progress; whether the whole allreduce is done."""
         if self._gen is None:
             return True
-        if MPI.Request.Testall(self._pending):
+        if self.requests.test(self._pending, self.op):
             self._advance()
         return self._gen is None
 
     def wait(self):
         """Complete it (every wait under the owner's deadline)."""
         while self._gen is not None:
-            self.owner._wait(self._pending, self.op, peer=self._peers())
+            self.requests.wait(self._pending, self.op, self._peers())
             self._advance()
+
+    def abandon(self):
+        """A failure ended the run (the strategy keeps its requests): forget where it stood."""
+        self._gen, self._pending = None, None
 
     def _peers(self):
         return "all ranks"
@@ -94,12 +132,14 @@ class Ring(_Schedule):
         comm: the ring's communicator (ranks in ring order).
         synchronize: called after device work that MPI then reads or writes over (a no-op
             for host memory).
-        segment: elements per message.
+        segment: elements per message (at most the strategy's ``limit`` bytes: the caller's to cap).
         scale: multiplies the sum (1/P for the mean over ``owner``), applied once per element.
+        requests: the request strategy (default :class:`Immediate`).
     """
 
-    def __init__(self, owner, comm, *, synchronize, segment, scale=1.0, op="allreduce (ring)", claim=None):
-        super().__init__(owner, op)
+    def __init__(self, owner, comm, *, synchronize, segment, scale=1.0, op="allreduce (ring)", claim=None,
+                 requests=None):
+        super().__init__(owner, op, requests)
         self.comm, self.synchronize, self.segment, self.scale = comm, synchronize, max(1, int(segment)), scale
         self.claim = claim or (lambda count: 0)  # the first of ``count`` tags of this run (Layout.claim_tags)
         self._scratch = None
@@ -119,13 +159,14 @@ class Ring(_Schedule):
         blocks = shard_bounds(x.size, p)
         width = max(hi - lo for lo, hi in blocks)
         if self._scratch is None or self._scratch.size < 2 * width or type(self._scratch) is not type(x):
-            self._scratch = _empty_like(x, 2 * width)  # two steps' receives: one is reduced while the next arrives
+            self._scratch = buffers.empty_like(x, 2 * width)  # two steps' receives: one is reduced while the next arrives
         scratch = self._scratch
         last_rs = p - 2  # steps 0 .. p-2 reduce-scatter, p-1 .. 2p-3 allgather
         total = 2 * (p - 1)
         # Tags of their own: rings on one communicator (a model's gradient buckets) may be in flight
         # together and progress in any order, and a message must match its own ring's receive.
         tag0 = self.claim(total)
+        requests = self.requests
 
         def block_in(s):  # the block received at step s
             return (r - s - 1) % p if s <= last_rs else (r - (s - p + 1)) % p
@@ -142,13 +183,13 @@ class Ring(_Schedule):
             for a, b in _segments(lo, hi, self.segment):
                 if s <= last_rs:  # into scratch, added afterwards
                     at = (s % 2) * width + (a - lo)
-                    reqs.append(comm.Irecv(scratch[at:at + b - a], source=left, tag=tag0 + s))
+                    reqs.append(requests.irecv(comm, scratch[at:at + b - a], left, tag0 + s))
                 else:             # in place: the allgather's blocks are final
-                    reqs.append(comm.Irecv(x[a:b], source=left, tag=tag0 + s))
+                    reqs.append(requests.irecv(comm, x[a:b], left, tag0 + s))
             recvs[s] = reqs
 
         def post_send(s, a, b):
-            sends.setdefault(s, []).append(comm.Isend(x[a:b], dest=right, tag=tag0 + s))
+            sends.setdefault(s, []).append(requests.isend(comm, x[a:b], right, tag0 + s))
 
         self.synchronize()  # the caller's device writes to x come first
         post_recvs(0)
@@ -179,15 +220,6 @@ class Ring(_Schedule):
             yield pending
 
 
-def _empty_like(x, n):
-    """An uninitialised array of ``n`` elements of x's module (numpy or cupy), dtype and device."""
-    if isinstance(x, np.ndarray):
-        return np.empty(n, x.dtype)
-    import cupy
-    with cupy.cuda.Device(x.device.id):
-        return cupy.empty(n, x.dtype)
-
-
 class NodeRing(_Schedule):
     """Node-aware allreduce (sum, then ``* scale``): reduce-scatter inside each node (MPI on
     ``node``, shared memory), one :class:`Ring` per local rank between the nodes on its shard
@@ -197,10 +229,13 @@ class NodeRing(_Schedule):
     a poll (slow for a large buffer); an overlapped allreduce uses a plain :class:`Ring`."""
 
     def __init__(self, owner, node, cross, *, synchronize, segment, scale=1.0, op="allreduce (node-aware ring)",
-                 claim=None):
-        super().__init__(owner, op)
+                 claim=None, requests=None):
+        super().__init__(owner, op, requests)
+        if not isinstance(self.requests, Immediate):
+            raise ValueError(f"{op}: the node-aware ring's node phases are MPI collectives, on no other requests")
         self.node, self.cross = node, cross
-        self.ring = Ring(owner, cross, synchronize=synchronize, segment=segment, scale=scale, op=op, claim=claim)
+        self.ring = Ring(owner, cross, synchronize=synchronize, segment=segment, scale=scale, op=op, claim=claim,
+                         requests=self.requests)
         self.synchronize = synchronize
         self._shard = None
 
@@ -211,7 +246,7 @@ class NodeRing(_Schedule):
         counts = [hi - lo for lo, hi in bounds]
         lo, hi = bounds[lr]
         if self._shard is None or self._shard.size != hi - lo or type(self._shard) is not type(x):
-            self._shard = _empty_like(x, max(1, hi - lo))
+            self._shard = buffers.empty_like(x, max(1, hi - lo))
         shard = self._shard[:hi - lo]
         if not self.blocking:
             raise RuntimeError(f"{self.op}: the node-aware ring runs blocking only (run())")
@@ -302,10 +337,14 @@ class Layout:
             self._cross = self.comm.Split(self.node.Get_rank(), self.comm.Get_rank())
         return self._cross
 
-    def choose(self, algorithm, nbytes):
+    def choose(self, algorithm, nbytes, *, tolerant=False):
         """The algorithm for ``nbytes`` (``algorithm`` unless it is "auto"): MPI's on one node
         and below :data:`RING_MIN_BYTES`; the node-aware ring across nodes with several ranks
-        per node (equal on every node), else the flat ring."""
+        per node (equal on every node), else the flat ring. ``tolerant`` (``on_failure=
+        "continue"``): the flat ring always (MPI's collectives and the node-aware ring's node
+        phases do not survive a failed rank)."""
+        if tolerant:
+            return "ring"
         if algorithm != "auto":
             if algorithm == "node-ring" and not self.uniform:
                 return "ring"  # the node-aware ring needs as many ranks on every node

@@ -6,5 +6,5 @@
 * the strategies a communicator is given under ``on_failure="continue"``: persistent
   requests and what is salvaged from a failed step (:mod:`.tolerant` for the synchronous
   mixing step, :mod:`.tolerant_overlap` for PushSum's overlap, :mod:`.agp_tolerant` for AGP,
-  :mod:`.tolerant_allreduce` for the mean).
+  :mod:`.persistent` for the rings of the exact mean).
 """

@@ -1,138 +1,27 @@
-"""The synchronous mixing step (PushSum, D-PSGD) on persistent requests, for
-``on_failure="continue"``, and the recovery those communicators share.
+"""How a communicator whose synchronous step survives failed peers (``on_failure="continue"``)
+recovers, and how several stepped in turn recover together.
 
-:class:`PersistentExchange` is the same round as :mod:`mpigossip.decentralized.pipeline` (``x`` sent
-zero-copy, each in-peer's ``x`` received and combined in one fused pass), with two
-differences the failure path needs (:mod:`mpigossip.resilience.failures`): every message is a
-persistent request, made once per peer and receive slot and started each step (with Open
-MPI's ob1, a non-persistent request to a dead peer may end the job), and ``x`` is combined
-only once every message of the step has arrived, so a step that meets a failure leaves
-``(x, w)`` as they were: ``z = x / w`` stays a weighted average of what the ranks held. The
-buffer goes in pieces under the eager limit (:func:`mpigossip.resilience.failures.pieces`), combined only
-once all have arrived (a piece combined before the failure would leave parts of ``x`` mixed
-with other weights than the rest).
-
-Messages keep one tag per kind: a step completes all of its messages before the next starts,
-and MPI matches messages between two ranks in the order they were started (the pieces of one
-message are started in order: :func:`mpigossip.resilience.failures.start`).
+The step itself is the algorithm's one schedule (:mod:`mpigossip.decentralized.pipeline` for
+PushSum, D-PSGD and gossip push, :mod:`mpigossip.exact.ring` for the exact mean) on the request
+strategy of :mod:`mpigossip.resilience.persistent`: a step that meets a failure raises
+:class:`~mpigossip.resilience.failures.PeerFailure` and leaves the buffer as it was.
+:class:`Survives` turns that into a recovery: shrink to the survivors, settle what the failure
+split, rebind the topology, record the failure, keep every survivor's calls matched.
 """
 
 import warnings
 
-import numpy as np
 from mpi4py import MPI
 
-from ..core import buffers, kernels
+from ..core import kernels
 from . import failures
-
-_X_TAG, _W_TAG = 1, 2
-
-
-class PersistentExchange:
-    """The persistent requests of one communicator's mixing step over its current communicator.
-
-    ``owner`` is the communicator: its ``comm``, ``buffer``, ``timeout``, ``_name``, ``_stage``,
-    ``_cuda_aware``, ``_acquire``, ``_release`` and ``_combine(self_weight, parts, shares)``;
-    with ``weighted`` (PushSum) also its ``weight``, sent and mixed alongside ``x``.
-    """
-
-    def __init__(self, owner, *, weighted=True):
-        self.owner, self.weighted = owner, weighted
-        self._x = buffers.Transport(owner.buffer, stage=owner._stage, cuda_aware=owner._cuda_aware)
-        self._slots = []   # receive Transports, one per in-peer index of a step
-        self._wsend = np.zeros(1, dtype=np.float64)
-        self._recvs = {}   # (src, slot) -> (x request, w request, w buffer)
-        self._sends = {}   # dst -> (x request, w request)
-
-    def _recv(self, src, j):
-        key = (src, j)
-        if key not in self._recvs:
-            while len(self._slots) <= j:
-                self._slots.append(buffers.Transport(buffers.scratch(self.owner.buffer), stage=self.owner._stage,
-                                                     cuda_aware=self.owner._cuda_aware))
-            comm, w = self.owner.comm, np.zeros(1, dtype=np.float64)
-            self._recvs[key] = (failures.recv_init(comm, self._slots[j].spec, src, _X_TAG),
-                                comm.Recv_init(w, source=src, tag=_W_TAG), w)
-        return self._recvs[key]
-
-    def _send(self, dst):
-        if dst not in self._sends:
-            comm = self.owner.comm
-            self._sends[dst] = (failures.send_init(comm, self._x.spec, dst, _X_TAG),
-                                comm.Send_init(self._wsend, dest=dst, tag=_W_TAG))
-        return self._sends[dst]
-
-    def run(self, self_weight, outs, ins, shares, op, step=None):
-        """One round: ``(x, w) = self_weight * (x, w) + sum_j shares[j] * (x_j, w_j)`` (``x``
-        alone unless ``weighted``); raises :class:`~mpigossip.resilience.failures.PeerFailure` (``(x, w)``
-        unchanged) if a peer failed. ``weighted``: ``(x, w)`` as sent (before the combine) are
-        kept in :attr:`previous` with ``step``, so that a recovery can hand back a share that a
-        live out-peer never added (:meth:`mpigossip.PushSum._settle`)."""
-        owner = self.owner
-        op = f"{owner._name}.{op}"
-        with failures.raised_as_failure(op):  # a revoked communicator fails these at once
-            recvs = [self._recv(src, j) for j, src in enumerate(ins)]
-            sends = [self._send(dst) for dst in outs]
-        owner.buffer.synchronize()   # x written, no device work still reads the slots
-        for slot in self._slots[:len(ins)]:
-            _ = slot.memory          # a staged slot's copy to the device has finished (Transport.memory waits)
-        self._x.before_send()
-        if self.weighted:
-            self._wsend[0] = owner.weight
-        messages = [self._requests(x, w) for x, w, _ in recvs] + [self._requests(x, w) for x, w in sends]
-        requests = [r for m in messages for r in m]
-        peers = [peer for peer, m in zip([*ins, *outs], messages) for _ in m]
-        with failures.raised_as_failure(op):
-            failures.start(requests)
-        failures.wait(requests, comm=owner.comm, timeout=owner.timeout, op=op,
-                      peer=lambda pending: sorted({peers[i] for i in pending}))
-        parts = []
-        for slot in self._slots[:len(ins)]:
-            slot.after_recv()
-            parts.append(slot.buffer.array)
-        owner._acquire()
-        if self.weighted:
-            self._keep(step, owner.weight)
-            owner.weight = self_weight * owner.weight + sum(s * float(w[0]) for s, (_, _, w) in zip(shares, recvs))
-        owner._combine(self_weight, parts, shares)
-        owner._release()
-
-    def _requests(self, x, w):
-        """One message's requests: ``x``'s pieces, then ``w`` when weighted."""
-        return [*x, w] if self.weighted else list(x)
-
-    def _all(self):
-        return ([r for x, w, _ in self._recvs.values() for r in (*x, w)]
-                + [r for x, w in self._sends.values() for r in (*x, w)])
-
-    #: ``(step, x as sent, w as sent)`` of the last combined step (weighted), or None.
-    previous = None
-
-    def _keep(self, step, weight):
-        """Copy ``x`` as this step sent it (the caller holds the buffer)."""
-        if self.previous is None:
-            self.previous = (step, buffers.scratch(self.owner.buffer), weight)
-        _, copy, _ = self.previous
-        kernels.weighted_sum(copy.array, self.owner.buffer.array, 1.0)
-        self.previous = (step, copy, weight)
-
-    def abandon(self):
-        """The communicator failed: keep its requests alive (never freed) and start afresh on
-        the next one."""
-        failures.keep(*self._all())
-        self._recvs, self._sends = {}, {}
-
-    def free(self):
-        """Free the requests (no failure was met on this communicator)."""
-        for r in self._all():
-            r.Free()
-        self._recvs, self._sends = {}, {}
 
 
 class Survives:
     """Mix-in of a communicator whose synchronous ``step()`` survives failed peers
-    (``on_failure="continue"``): the step runs on a :class:`PersistentExchange`; a failure met
-    in it shrinks the communicator to the survivors (:func:`mpigossip.resilience.failures.shrink`),
+    (``on_failure="continue"``): the step runs on the request strategy ``_exchange`` (a
+    :class:`~mpigossip.resilience.persistent.PersistentRequests`, or AGP's
+    :class:`~mpigossip.resilience.agp_tolerant.AsyncRequests`); a failure met in it shrinks the communicator to the survivors (:func:`mpigossip.resilience.failures.shrink`),
     rebinds the topology over them and records the failure.
 
     The class mixed into provides ``comm``, ``rank``, ``size``, ``steps``, ``timeout``,
@@ -140,14 +29,14 @@ class Survives:
     over the survivors) and :meth:`_lost_mass` where it has something to say.
     """
 
-    _exchange = None  # a PersistentExchange when on_failure="continue"
+    _exchange = None  # the request strategy when on_failure="continue" (its abandon() after a failure)
     _skip = 0         # calls left that only count (after a failure: a survivor that was behind)
     _together = False  # one of several stepped in turn (recover_together): a failure goes to the caller
     _met = False       # (with _together) the failure was met in this one's step
     _on_recovered = None  # called after each recovery (a wrapper that must follow it at once)
 
     def _tolerate(self, on_failure, make_exchange):
-        """Keep ``on_failure`` (checked by the caller); with ``"continue"``, the exchange
+        """Keep ``on_failure`` (checked by the caller); with ``"continue"``, the request strategy
         ``make_exchange()`` and, on rank 0 of a launch without ULFM, one warning."""
         self.on_failure = on_failure
         if on_failure != "continue":

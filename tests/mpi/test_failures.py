@@ -158,22 +158,34 @@ def test_tolerant_dpsgd_and_mean_are_bitwise_the_default(kind, stage):
     assert tolerant.failures == [] and tolerant.members == list(range(c.size))
     tolerant.free()
     plain.free()
-    for n in (integer_data(), integer_data(n=max(1, c.size - 1))):  # also fewer elements than ranks
+    rng = np.random.default_rng(c.rank)
+    for n in (integer_data(), integer_data(n=max(1, c.size - 1)), rng.standard_normal(50_000)):
+        # (also fewer elements than ranks; and floats: the one ring schedule, the same additions in the same order)
         y, yref = make(kind, n), n.copy()
         tolerant = _quiet(mg.AllreduceAverager, y, comm=c, stage=stage, on_failure="continue")
-        plain = mg.AllreduceAverager(yref, comm=c)
-        for r in range(3):
-            fresh = n + r  # integers again: every order of the additions is exact
+        plain = mg.AllreduceAverager(yref, comm=c, algorithm="ring")
+        assert tolerant.algorithm == "ring"
+        for r in range(4):
+            fresh = n + r
             yref[...] = fresh
             if hasattr(y, "copy_"):  # torch (CPU or CUDA)
                 y.copy_(make(kind, fresh))
             else:                    # numpy, cupy
                 y[...] = make(kind, fresh)
-            tolerant.average()
-            plain.average()
+            if r % 2:                # start()/test()/finish(): the nonblocking form of the same ring
+                tolerant.start()
+                plain.start()
+                while not (tolerant.test() & plain.test()):
+                    pass
+                tolerant.finish()
+                plain.finish()
+            else:
+                tolerant.average()
+                plain.average()
             np.testing.assert_array_equal(to_host(y), yref)
             assert len({float(v) for v in c.allgather(float(to_host(y)[0]))}) == 1  # the same on every rank
-        assert tolerant.steps == 3 and tolerant.failures == []
+        assert tolerant.steps == 4 and tolerant.failures == []
+        assert " ring " in repr(tolerant)
         tolerant.free()
         plain.free()
 
@@ -210,9 +222,10 @@ def test_tolerant_mean_misuse_is_refused():
         mg.Gossip(y, comm=c, mode="pull", on_failure="continue")
     with pytest.raises(ValueError, match="on_failure='continue' moves the buffer's own dtype, not wire='bf16'"):
         mg.Gossip(y, comm=c, mode="push", wire="bf16", on_failure="continue")
+    for algorithm in ("mpi", "node-ring"):
+        with pytest.raises(ValueError, match=f"algorithm='{algorithm}' cannot survive a failed rank"):
+            mg.AllreduceAverager(y, comm=c, on_failure="continue", algorithm=algorithm)
     avg = _quiet(mg.AllreduceAverager, y, comm=c, on_failure="continue")
-    with pytest.raises(RuntimeError, match="survives failures in average\\(\\) only"):
-        avg.start()
     with pytest.raises(RuntimeError, match="not with on_failure='continue'"):
         avg.join()
     avg.average()

@@ -1,9 +1,9 @@
 """A rank is killed (SIGKILL) mid-training; the survivors of PushSum (synchronous, or overlap
-mode as OSGP: --algo osgp; Asynchronous Gradient Push: --algo agp; or D-PSGD, AllreduceAverager, gossip push) with on_failure="continue"
-go on.
+mode as OSGP: --algo osgp; Asynchronous Gradient Push: --algo agp; or D-PSGD, AllreduceAverager (average(), or
+start()/test()/finish(): --algo allreduce-overlap), gossip push) with on_failure="continue" go on.
 
     mpiexec --with-ft ulfm -n N python survive.py [--steps 40] [--die 6] [--victim N-1]
-        [--kind numpy|torch] [--mb 1] [--mid] [--algo pushsum|osgp|agp|dpsgd|allreduce|gossip-push]
+        [--kind numpy|torch] [--mb 1] [--mid] [--algo pushsum|osgp|agp|dpsgd|allreduce|allreduce-overlap|gossip-push]
         [--outer localsgd|slowmo|diloco [--inner-steps 3]] [--dump-after 90]
 
 Every rank mixes a buffer of small integers (its rank plus a pattern) with a 10 ms "compute"
@@ -48,7 +48,8 @@ p.add_argument("--victim", type=int, default=-1)
 p.add_argument("--kind", choices=("numpy", "torch"), default="numpy")
 p.add_argument("--mb", type=float, default=1.0)
 p.add_argument("--mid", action="store_true")
-p.add_argument("--algo", choices=("pushsum", "osgp", "agp", "dpsgd", "allreduce", "gossip-push"), default="pushsum")
+p.add_argument("--algo", choices=("pushsum", "osgp", "agp", "dpsgd", "allreduce", "allreduce-overlap", "gossip-push"),
+               default="pushsum")
 p.add_argument("--compute-ms", type=float, default=10.0, help="sleep per step (0: steps back to back)")
 p.add_argument("--peers", type=int, default=1, help="out-peers a step (PushSum, OSGP, AGP)")
 p.add_argument("--unequal", action="store_true",
@@ -112,6 +113,12 @@ for i in range(a.steps):
         ps.start()
     elif a.algo == "agp":   # never waits
         ps.start()
+        ps.finish()
+    elif a.algo == "allreduce-overlap":   # the ring's first messages, progress while "computing", then the rest
+        ps.start()
+        for _ in range(4):
+            ps.test()
+            time.sleep(0.001)
         ps.finish()
     elif a.outer:   # a local update, the same on every element (z += 0.001 (rank + 1)), then the step
         host += ps.weight * 1e-3 * (rank + 1)

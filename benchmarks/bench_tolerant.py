@@ -1,0 +1,101 @@
+"""What ``on_failure="continue"`` costs while no rank fails: each communicator's fault-tolerant
+step against its default one, on the same bytes, side by side in one run.
+
+    mpiexec --with-ft ulfm -n 4 python benchmarks/bench_tolerant.py [--sizes-mb 4 16] [--repeats 15] [--out FILE]
+    bash benchmarks/tolerant.sh     # across 4 emulated nodes at 1 Gbit (root)
+
+Both run the algorithm's one schedule (:mod:`mpigossip.exact.ring`, :mod:`mpigossip.decentralized.
+pipeline`); what differs is the request strategy (persistent requests, messages under the eager
+limit, PushSum's and D-PSGD's combine once the step's messages have all arrived). Pairs:
+
+* ``AllreduceAverager.average``: continue (the flat ring) / default (``algorithm`` as chosen for
+  this layout and size: the flat ring with a rank a node);
+* ``AllreduceAverager.start+finish``: the same, nonblocking;
+* ``PushSum.step`` (one peer, exponential graph) and ``DPSGD.step`` (undirected ring).
+
+Each pair is timed alternately (benchmarks/_timing.py: a round is the slowest rank's time; the
+ratio is the median of the per-repeat ratios, with quartiles). Under a launch without ULFM the
+fault-tolerant side warns once and runs the same code.
+"""
+
+import argparse
+import json
+import warnings
+
+import numpy as np
+from _timing import side_by_side  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from mpi4py import MPI
+
+import mpigossip as mg
+from mpigossip.core import provenance
+from mpigossip.resilience import failures
+
+
+def _pair(comm, what, mb, make, call, repeats):
+    n = int(mb * 2 ** 20) // 4
+    x = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
+    y = x.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # (no ULFM: the same code, warned once)
+        ours = make(x, "continue")
+    other = make(y, "abort")
+    row = side_by_side(comm, what, mb, lambda: call(ours), lambda: call(other), repeats,
+                       algorithm=getattr(other, "algorithm", None))
+    ours.free()
+    other.free()
+    return row
+
+
+def _average(avg):
+    avg.average()
+
+
+def _overlapped(avg):
+    avg.start()
+    while not avg.test():
+        pass
+    avg.finish()
+
+
+def _step(c):
+    c.step()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[4, 16])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rate-gbit", type=float, default=None, help="the link rate (recorded)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    rows = []
+    nodes = len(set(comm.allgather(MPI.Get_processor_name())))
+    for mb in args.sizes_mb:
+        rows.append(_pair(comm, "AllreduceAverager.average", mb,
+                          lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f), _average, args.repeats))
+        rows.append(_pair(comm, "AllreduceAverager.start+finish", mb,
+                          lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f), _overlapped, args.repeats))
+        rows.append(_pair(comm, "PushSum.step", mb,
+                          lambda b, f: mg.PushSum(b, comm=comm, on_failure=f,
+                                                  topology=mg.topology.ExponentialGraph(peers=1)),
+                          _step, args.repeats))
+        rows.append(_pair(comm, "DPSGD.step", mb, lambda b, f: mg.DPSGD(b, comm=comm, on_failure=f), _step,
+                          args.repeats))
+    if comm.rank == 0:
+        meta = {"commit": provenance.commit(), "versions": provenance.versions(), "ranks": comm.size,
+                "nodes": nodes, "rate_gbit": args.rate_gbit, "ulfm": failures.enabled(),
+                "chunk_bytes": failures.chunk_bytes()}
+        print(f"# {json.dumps(meta)}")
+        print(f"{'continue / default':<32} {'MB':>5} {'continue ms':>11} {'default ms':>10} {'ratio':>6} "
+              f"{'quartiles':>11}")
+        for r in rows:
+            print(f"{r['what']:<32} {r['mb']:>5g} {r['ours_ms']:>11.2f} {r['other_ms']:>10.2f} {r['ratio']:>6.3f} "
+                  f"{r['q1']:>5.2f}-{r['q3']:<5.2f}")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
