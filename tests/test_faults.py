@@ -223,13 +223,19 @@ SURVIVE_GROUPS = os.path.join(HERE, "scripts", "survive_groups.py")
 @pytest.mark.parametrize("args", [
     ["--algo", "sgp", "--mid", "--mb", "4"],   # killed inside its exchange: survivors in different groups
     ["--algo", "allreduce-params"],            # parameters in two dtypes and BatchNorm statistics: 3 groups
+    ["--algo", "allreduce", "--mid", "--mb", "4"],   # gradients in 5 buckets, killed in backward with some in flight
+    # one bucket completed with the victim, the next not: the survivors mean their own gradients again
+    # (without restoring the first bucket's, its gradients were inexact on every run)
+    ["--algo", "allreduce", "--between-buckets", "--mb", "4"],
 ])
 def test_survivors_of_a_killed_rank_go_on_with_several_groups(args):
     """A torch wrapper whose parameters form several groups (two dtypes; AllReduce's
     floating-point buffers): rank 3 of 4 is killed; every group recovers, together, on every
     survivor; each stands at the same step, the failure is recorded once per group and once by
     the wrapper, SGP's weight is accounted for per group, and the survivors' consensus models
-    agree (tests/scripts/survive_groups.py checks, per survivor)."""
+    agree (tests/scripts/survive_groups.py checks, per survivor). AllReduce SGD on gradients:
+    its buckets, overlapped with the backward pass, survive too (the last gradients the exact
+    mean of the survivors' own)."""
     import json
     proc, _ = run(["--with-ft", "ulfm", "-n", "4", sys.executable, SURVIVE_GROUPS, *args], timeout=120)
     found = [json.loads(line.split("survive_groups: ", 1)[1]) for line in proc.stdout.splitlines()

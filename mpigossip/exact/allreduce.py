@@ -389,9 +389,29 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         if self._request is not None:
             self.finish()
 
+    def restore(self) -> None:
+        """``on_failure="continue"``: put the buffer back as it was before the last mean (its
+        copy kept for a failure): a caller that must mean again over the survivors (a model's
+        gradient buckets, one of which met a failure) starts again from its own values."""
+        if self._exchange is None:
+            raise RuntimeError(f"{self._name}.restore(): only with on_failure='continue'")
+        self._check_idle()
+        if self._backup is None:
+            return
+        t = self._transport
+        t.memory[...] = self._backup
+        t.after_recv()   # (staged: the host copy back to the device buffer)
+        self.buffer.release()
+
     def _rebind(self):
         """After a shrink: the layout and the rings over the survivors (the failed layout's
-        communicators hold the dead rank: kept, never freed)."""
+        communicators hold the dead rank: kept, never freed). A mean still in flight (started,
+        not finished: another averager met the failure, :func:`~mpigossip.resilience.tolerant.
+        recover_together`) is abandoned, the buffer as it was."""
+        if self._request is not None:
+            if self._request is not _COUNTED:
+                self._salvage()
+            self._request, self._failed = None, None
         failures.keep(self.layout)
         self.layout, self._own_layout = Layout(self.comm, timeout=self.timeout), True
         self.algorithm = self.layout.choose(self._algorithm, self.buffer.nbytes, tolerant=True)

@@ -20,12 +20,13 @@ if TYPE_CHECKING:
 class _Bucket:
     """A contiguous range of one group's gradient buffer (``view``), averaged by one ``Iallreduce``."""
 
-    __slots__ = ("averager", "view", "params", "last", "ready", "started")
+    __slots__ = ("averager", "view", "params", "last", "ready", "started", "touched")
 
     def __init__(self, averager: Any, view: Any, params: Any, last: Any) -> None:
         self.averager, self.view, self.params, self.last = averager, view, params, last
         self.ready: set[int] = set()
         self.started = False
+        self.touched = False   # on_failure="continue": its mean began in this pass (its averager keeps the gradients)
 
 
 class GradientAllReduce(AllReduce):
@@ -58,12 +59,12 @@ class GradientAllReduce(AllReduce):
             (DDP's ``fp16_compress_hook`` / ``bf16_compress_hook``, and int8); the
             BatchNorm statistics stay exact.
         on_failure: ``"abort"`` or ``"continue"``: the survivors of a failed rank go on
-            (launched with ULFM: :mod:`mpigossip.resilience.failures`). Then each group's gradients are
-            averaged at the end of the backward pass, whole, by a fault-tolerant AllReduce (no
-            overlap with the backward pass, no ``wire``); the survivors agree whether a rank
-            failed in it (one ``MPI_Comm_agree`` a pass) and, if one did, recover and average
-            their own gradients again over the survivors, so that every survivor steps with
-            the same mean and the models stay equal.
+            (launched with ULFM: :mod:`mpigossip.resilience.failures`). The buckets and their
+            overlap with the backward pass stay (each bucket's averager on the flat ring's
+            persistent requests; no ``wire``); the survivors agree whether a rank failed in
+            the pass (one ``MPI_Comm_agree`` a pass) and, if one did, every bucket recovers and
+            means this rank's own gradients again over the survivors, so that every survivor
+            steps with the same mean and the models stay equal.
         timeout: seconds any wait may take.
     """
 
@@ -81,7 +82,6 @@ class GradientAllReduce(AllReduce):
         self.buckets: list[Any] = []
         self._where: dict[Any, Any] = {}
         self._layout: Any = None
-        self._own: Any = None
         self.on_failure = on_failure  # (before the groups are made)
         super().__init__(model, comm=comm, wire=wire, on_failure=on_failure, timeout=timeout)
         if self.on_failure == "continue":
@@ -91,8 +91,8 @@ class GradientAllReduce(AllReduce):
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._where]
 
     def _make(self, array):
-        """The gradient buffer and buckets of the next parameter group (called in group order);
-        with ``on_failure="continue"`` the group's fault-tolerant averager, returned."""
+        """The gradient buffer and buckets of the next parameter group (called in group order;
+        with ``on_failure="continue"`` each bucket's averager survives failures)."""
         g = len(self.grad_views)
         flat, members = self.flat.groups[g], self.flat.params[g]
         grad = torch.zeros_like(flat)
@@ -102,10 +102,6 @@ class GradientAllReduce(AllReduce):
         for p in members:
             offsets.append(at)
             at += p.numel()
-        if self.on_failure == "continue":
-            for p, lo in zip(members, offsets):
-                self._where[p] = (None, grad[lo:lo + p.numel()].view_as(p))
-            return AllreduceAverager(view.array, comm=self.comm, timeout=self.timeout, on_failure="continue")
         hi, size, group = at, 0, []
         itemsize = flat.element_size()
         for p, lo in reversed(list(zip(members, offsets))):
@@ -117,8 +113,9 @@ class GradientAllReduce(AllReduce):
                 # start in one order on every rank.
                 if self._layout is None:  # one node communicator (and one cross-node) for all buckets
                     self._layout = Layout(self.comm, timeout=self.timeout)
+                tolerant = {} if self.on_failure == "abort" else {"on_failure": "continue"}
                 averager = AllreduceAverager(view.array[lo:hi], comm=self.comm, timeout=self.timeout, dup=False,
-                                             wire=self.wire, layout=self._layout)
+                                             wire=self.wire, layout=self._layout, **tolerant)
                 bucket = _Bucket(averager, view, [q for q, _ in group], last=lo == 0)
                 self.buckets.append(bucket)
                 for q, start in group:
@@ -131,9 +128,6 @@ class GradientAllReduce(AllReduce):
         bucket, view = self._where[p]
         if not self._pending:  # the first gradient of this pass: complete them all when it ends
             torch.autograd.Variable._execution_engine.queue_callback(self.synchronize)
-        if bucket is None:  # on_failure="continue": everything at the end of the pass
-            self._pending = True
-            return
         if p in bucket.ready:
             raise RuntimeError("GradientAllReduce: a parameter's gradient arrived twice in one backward pass")
         if p.grad.data_ptr() != view.data_ptr():
@@ -154,6 +148,7 @@ class GradientAllReduce(AllReduce):
 
     def _start(self, bucket):
         bucket.view.synchronize()  # the copies into it ran on torch's stream
+        bucket.touched = True
         bucket.averager.start()
         bucket.started = True
 
@@ -165,10 +160,6 @@ class GradientAllReduce(AllReduce):
         if not self._pending:
             return
         t0 = time.perf_counter()
-        if self.on_failure == "continue":
-            self._average_surviving()
-            self.comm_time_s += time.perf_counter() - t0
-            return
         for bucket in self.buckets:
             for p in bucket.params:  # parameters without a gradient this pass contribute zeros
                 if p not in bucket.ready:
@@ -179,18 +170,10 @@ class GradientAllReduce(AllReduce):
                         view.copy_(p.grad)
         for view in self.grad_views:
             view.synchronize()
-        for bucket in self.buckets:
-            # Every rank treats a bucket the same way (a blocking and a nonblocking collective do
-            # not match): the one holding a group's first layers completes last, with nothing
-            # left to overlap, and goes by the blocking chunked average(), faster than Iallreduce.
-            if bucket.last:
-                bucket.averager.average()
-            else:
-                if not bucket.started:
-                    bucket.averager.start()
-                bucket.averager.finish()
-            bucket.ready.clear()
-            bucket.started = False
+        if self.on_failure == "continue":
+            self._complete_surviving()
+        else:
+            self._complete()
         self._next = 0
         for view in self.grad_views:
             view.release()
@@ -199,29 +182,46 @@ class GradientAllReduce(AllReduce):
         self._pending = False
         self.comm_time_s += time.perf_counter() - t0  # booked as communication, as every algorithm's
 
-    def _average_surviving(self):
-        """``on_failure="continue"``: every group's gradients averaged whole; if a rank failed
-        (as the survivors agree), recovered and averaged again from this rank's own gradients."""
-        for p, (_, view) in self._where.items():
-            if p.grad is None:
-                view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
-        for view in self.grad_views:
-            view.synchronize()
-        if self._own is None:  # this rank's own gradients, kept for an average again
-            self._own = [buffers.scratch(view) for view in self.grad_views]
-        own = self._own
-        for mine, view in zip(own, self.grad_views):
-            mine.array[...] = view.array
-        while self._surviving(lambda: [averager.average() for averager in self.comms]):  # (agreeing)
-            for mine, view in zip(own, self.grad_views):  # this rank's own gradients, to average again
-                view.array[...] = mine.array
-        for view in self.grad_views:
-            view.release()
-        for p, (_, view) in self._where.items():
-            p.grad = view
-        self._pending = False
+    def _complete(self):
+        """Complete every bucket's mean, in list order."""
+        for bucket in self.buckets:
+            # Every rank treats a bucket the same way (a blocking and a nonblocking collective do
+            # not match): the one holding a group's first layers completes last, with nothing
+            # left to overlap, and goes by the blocking chunked average(), faster than Iallreduce.
+            bucket.touched = True
+            if bucket.last:
+                bucket.averager.average()
+            else:
+                if not bucket.started:
+                    bucket.averager.start()
+                bucket.averager.finish()
+            bucket.ready.clear()
+            bucket.started = False
+
+    def _complete_surviving(self):
+        """``on_failure="continue"``: the buckets completed as :meth:`_complete` does; if a rank
+        failed in this pass (the survivors agree: one ``MPI_Comm_agree``), every bucket recovers
+        and means again over the survivors from this rank's own gradients (each averager kept
+        them: ``restore()``), blocking, so that every survivor steps with the same mean."""
+        again = False
+        while self._surviving(self._again if again else self._complete):
+            for bucket in self.buckets:   # (one never begun holds this rank's gradients still)
+                if bucket.touched:
+                    bucket.averager.restore()
+                bucket.ready.clear()
+                bucket.started = bucket.touched = False
+            again = True
+        for bucket in self.buckets:
+            bucket.touched = False
+
+    def _again(self):
+        for bucket in self.buckets:
+            bucket.touched = True
+            bucket.averager.average()
+
+    def _tolerant_groups(self):
+        """Every bucket's averager, then the floating-point buffers' (the order they are stepped in)."""
+        return [bucket.averager for bucket in self.buckets] + self.buffer_comms
 
     # -- after optimizer.step() -----------------------------------------------------------
     def _step(self):
