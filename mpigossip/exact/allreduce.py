@@ -10,7 +10,7 @@ from mpi4py import MPI
 from ..core import buffers, kernels, watchdog
 from ..core.base import Communicator, check_chunk_bytes
 from ..core.checks import integer_error
-from ..resilience import failures
+from ..resilience import failures, tolerant
 from ..resilience.membership import MeanJoin
 from ..resilience.persistent import PersistentRequests
 from ..resilience.tolerant import Survives
@@ -90,9 +90,9 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
         if algorithm not in ALGORITHMS:
             error = error or f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
         error = error or failures.check_on_failure(on_failure, wire)
-        if on_failure == "continue" and algorithm in ("mpi", "node-ring"):
-            error = error or (f"algorithm={algorithm!r} cannot survive a failed rank (MPI's collectives, the "
-                              "node-aware ring's node phases): with on_failure='continue' use 'auto' or 'ring'")
+        if on_failure == "continue" and algorithm == "mpi":
+            error = error or ("algorithm='mpi' cannot survive a failed rank (MPI's collectives do not): with "
+                              "on_failure='continue' use 'auto', 'ring' or 'node-ring'")
         self._validate(error)
         self._algorithm = algorithm
         self.buffer = self._check_buffer(buf, name="buf", wire=wire, same={
@@ -153,10 +153,11 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
 
     def _tag_window(self, count):
         """``on_failure="continue"``: every run's tags from one window, claimed at the first run
-        on this communicator (its persistent requests are made once, with their tags)."""
-        if self._tags is None or self._tags[1] < count:
-            self._tags = (self.layout.claim_tags(count), count)
-        return self._tags[0]
+        on this communicator (its persistent requests are made once, with their tags), wide
+        enough for any of its rings (a ring over P ranks takes 2 (P - 1) tags)."""
+        if self._tags is None:
+            self._tags = self.layout.claim_tags(max(count, 2 * self.size))
+        return self._tags
 
     def step(self) -> None:
         """The blocking exact mean (:meth:`average`)."""
@@ -236,7 +237,11 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
 
     def _salvage(self):
         """A peer failed in the mean: the buffer as it was before it (the memory MPI wrote, put
-        back), the ring's place forgotten."""
+        back), the ring's place forgotten, and the layout's sub-communicators revoked (a rank of
+        this node still waiting in the node-aware ring's node phases for this one, gone to its
+        recovery, fails out of the wait and recovers too)."""
+        if self.algorithm == "node-ring":
+            tolerant.revoke_all([self.layout.node, self.layout._cross])
         self._transport.memory[...] = self._backup
         for ring in (self._ring, self._nonblocking_ring):
             if ring is not None:
@@ -414,7 +419,8 @@ class AllreduceAverager(MeanJoin, Survives, Communicator):
             self._request, self._failed = None, None
         failures.keep(self.layout)
         self.layout, self._own_layout = Layout(self.comm, timeout=self.timeout), True
-        self.algorithm = self.layout.choose(self._algorithm, self.buffer.nbytes, tolerant=True)
+        self.algorithm = self.layout.choose(self._algorithm, self.buffer.nbytes, tolerant=True)  # (node-ring:
+        # the ring if the survivors' nodes now differ in size)
         self._tags = None
         self._build_rings()
 

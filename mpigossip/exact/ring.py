@@ -135,12 +135,16 @@ class Ring(_Schedule):
         segment: elements per message (at most the strategy's ``limit`` bytes: the caller's to cap).
         scale: multiplies the sum (1/P for the mean over ``owner``), applied once per element.
         requests: the request strategy (default :class:`Immediate`).
+        phases: ``"both"``; ``"reduce-scatter"`` alone (rank r ends holding the sum, times
+            ``scale``, of block ``(r + 1) % P`` of :func:`~mpigossip.core.base.shard_bounds`);
+            or ``"allgather"`` alone (from that block on every rank).
     """
 
     def __init__(self, owner, comm, *, synchronize, segment, scale=1.0, op="allreduce (ring)", claim=None,
-                 requests=None):
+                 requests=None, phases="both"):
         super().__init__(owner, op, requests)
         self.comm, self.synchronize, self.segment, self.scale = comm, synchronize, max(1, int(segment)), scale
+        self.phases = phases
         self.claim = claim or (lambda count: 0)  # the first of ``count`` tags of this run (Layout.claim_tags)
         self._scratch = None
 
@@ -152,7 +156,7 @@ class Ring(_Schedule):
         comm = self.comm
         p, r = comm.Get_size(), comm.Get_rank()
         if p == 1:
-            if self.scale != 1.0:
+            if self.scale != 1.0 and self.phases != "allgather":
                 kernels.scale(x, self.scale)
             return
         right, left = (r + 1) % p, (r - 1) % p
@@ -167,6 +171,8 @@ class Ring(_Schedule):
         # together and progress in any order, and a message must match its own ring's receive.
         tag0 = self.claim(total)
         requests = self.requests
+        begin = p - 1 if self.phases == "allgather" else 0        # the steps this run takes
+        end = p - 1 if self.phases == "reduce-scatter" else total
 
         def block_in(s):  # the block received at step s
             return (r - s - 1) % p if s <= last_rs else (r - (s - p + 1)) % p
@@ -192,12 +198,12 @@ class Ring(_Schedule):
             sends.setdefault(s, []).append(requests.isend(comm, x[a:b], right, tag0 + s))
 
         self.synchronize()  # the caller's device writes to x come first
-        post_recvs(0)
-        lo, hi = blocks[block_out(0)]
+        post_recvs(begin)
+        lo, hi = blocks[block_out(begin)]
         for a, b in _segments(lo, hi, self.segment):
-            post_send(0, a, b)
-        for s in range(total):
-            if s + 1 < total:
+            post_send(begin, a, b)
+        for s in range(begin, end):
+            if s + 1 < end:
                 if s + 1 > last_rs:  # an allgather receive lands on a block sent at the reduce-scatter step t
                     t = s + 1 - (p - 1)
                     if sends.get(t):
@@ -212,7 +218,7 @@ class Ring(_Schedule):
                     if s == last_rs and self.scale != 1.0:  # the block this rank owns: the mean, once
                         kernels.scale(x[a:b], self.scale)
                     self.synchronize()  # the reduction has written what MPI sends next, and read scratch
-                if s + 1 < total:
+                if s + 1 < end:
                     post_send(s + 1, a, b)
             del recvs[s]
         pending = [q for reqs in sends.values() for q in reqs]
@@ -226,20 +232,44 @@ class NodeRing(_Schedule):
     (``cross``: the ranks with this local rank, one per node), allgather inside the node.
     Every node must have the same number of ranks. Blocking only (:meth:`run`): inside a node
     MPI's blocking collectives are fast, the nonblocking ones progress only at each ``Test`` of
-    a poll (slow for a large buffer); an overlapped allreduce uses a plain :class:`Ring`."""
+    a poll (slow for a large buffer); an overlapped allreduce uses a plain :class:`Ring`.
+
+    With a request strategy other than :class:`Immediate` (``on_failure="continue"``: MPI's
+    collectives do not survive a failed rank) the node's phases are the two halves of a
+    :class:`Ring` over ``node`` on the strategy's requests, in place: local rank l reduces
+    block ``(l + 1) % L`` of the node's sum, the rings between nodes run on that block, and the
+    node's allgather ring spreads it."""
 
     def __init__(self, owner, node, cross, *, synchronize, segment, scale=1.0, op="allreduce (node-aware ring)",
                  claim=None, requests=None):
         super().__init__(owner, op, requests)
-        if not isinstance(self.requests, Immediate):
-            raise ValueError(f"{op}: the node-aware ring's node phases are MPI collectives, on no other requests")
         self.node, self.cross = node, cross
         self.ring = Ring(owner, cross, synchronize=synchronize, segment=segment, scale=scale, op=op, claim=claim,
                          requests=self.requests)
         self.synchronize = synchronize
         self._shard = None
+        self._halves = None
+        if not isinstance(self.requests, Immediate):
+            self._halves = [Ring(owner, node, synchronize=synchronize, segment=segment, op=op, claim=claim,
+                                 requests=self.requests, phases=phases) for phases in ("reduce-scatter", "allgather")]
+
+    def _peers(self):
+        return f"the node's ranks and the ring between nodes ({self.ring._peers()})"
 
     def steps(self, x):
+        if self._halves is not None:  # every phase on the strategy's requests
+            if not self.blocking:
+                raise RuntimeError(f"{self.op}: the node-aware ring runs blocking only (run())")
+            reduce_scatter, allgather = self._halves
+            node = self.node
+            lo, hi = shard_bounds(x.size, node.Get_size())[(node.Get_rank() + 1) % node.Get_size()]
+            yield from reduce_scatter.steps(x)
+            yield from self.ring.steps(x[lo:hi])
+            yield from allgather.steps(x)
+            return
+        yield from self._collective_steps(x)
+
+    def _collective_steps(self, x):
         node = self.node
         local, lr = node.Get_size(), node.Get_rank()
         bounds = shard_bounds(x.size, local)
@@ -341,16 +371,16 @@ class Layout:
         """The algorithm for ``nbytes`` (``algorithm`` unless it is "auto"): MPI's on one node
         and below :data:`RING_MIN_BYTES`; the node-aware ring across nodes with several ranks
         per node (equal on every node), else the flat ring. ``tolerant`` (``on_failure=
-        "continue"``): the flat ring always (MPI's collectives and the node-aware ring's node
-        phases do not survive a failed rank)."""
-        if tolerant:
+        "continue"``): never MPI's (its collectives do not survive a failed rank), the flat ring
+        instead."""
+        if tolerant and algorithm == "mpi":
             return "ring"
         if algorithm != "auto":
             if algorithm == "node-ring" and not self.uniform:
                 return "ring"  # the node-aware ring needs as many ranks on every node
             return algorithm
         if self.one_node or nbytes < RING_MIN_BYTES or self.comm.Get_size() < 3:
-            return "mpi"
+            return "ring" if tolerant else "mpi"
         return "node-ring" if self.uniform and self.local_size > 1 else "ring"
 
     def free(self):

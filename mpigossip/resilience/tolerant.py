@@ -154,9 +154,16 @@ def recover_together(comms):
 
 
 def revoke(comms):
-    """Revoke the communicators (those another survivor revoked already are skipped)."""
+    """Revoke the communicators' communicators (those another survivor revoked already are skipped)."""
+    revoke_all([c.comm for c in comms])
+
+
+def revoke_all(comms):
+    """Revoke MPI communicators (None, null and those revoked already are skipped)."""
     for c in comms:
+        if c is None or c == MPI.COMM_NULL:
+            continue
         try:
-            c.comm.Revoke()
+            c.Revoke()
         except MPI.Exception:
             pass

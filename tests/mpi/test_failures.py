@@ -6,6 +6,7 @@ and their misuse refused alike on every rank. A rank that does fail: tests/test_
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import mpigossip as mg
 from mpigossip import topology as T
@@ -159,12 +160,24 @@ def test_tolerant_dpsgd_and_mean_are_bitwise_the_default(kind, stage):
     tolerant.free()
     plain.free()
     rng = np.random.default_rng(c.rank)
-    for n in (integer_data(), integer_data(n=max(1, c.size - 1)), rng.standard_normal(50_000)):
-        # (also fewer elements than ranks; and floats: the one ring schedule, the same additions in the same order)
+    floats = rng.standard_normal(50_000)
+    cases = [(n, algorithm, algorithm) for n in (integer_data(), integer_data(n=max(1, c.size - 1)))
+             for algorithm in ("ring", "node-ring")]
+    # floats: the one ring schedule, the same additions in the same order (on one node the node-aware
+    # ring's halves over the node are the flat ring's); and "auto", which never picks MPI's under continue
+    cases += [(floats, "ring", "ring"), (floats, "auto", "auto")]
+    one_node = len(set(c.allgather(MPI.Get_processor_name()))) == 1
+    if one_node:
+        cases.append((floats, "node-ring", "ring"))
+    for n, algorithm, reference in cases:
         y, yref = make(kind, n), n.copy()
-        tolerant = _quiet(mg.AllreduceAverager, y, comm=c, stage=stage, on_failure="continue")
-        plain = mg.AllreduceAverager(yref, comm=c, algorithm="ring")
-        assert tolerant.algorithm == "ring"
+        tolerant = _quiet(mg.AllreduceAverager, y, comm=c, stage=stage, on_failure="continue", algorithm=algorithm)
+        plain = mg.AllreduceAverager(yref, comm=c, algorithm=reference)
+        if algorithm == "auto":
+            assert tolerant.algorithm in ("ring", "node-ring") and plain.algorithm in ("mpi", "ring", "node-ring")
+            if tolerant.algorithm != plain.algorithm:   # (auto picked MPI's for the default: compare within 1 ulp)
+                plain.free()
+                plain = mg.AllreduceAverager(yref, comm=c, algorithm=tolerant.algorithm)
         for r in range(4):
             fresh = n + r
             yref[...] = fresh
@@ -182,10 +195,10 @@ def test_tolerant_dpsgd_and_mean_are_bitwise_the_default(kind, stage):
             else:
                 tolerant.average()
                 plain.average()
-            np.testing.assert_array_equal(to_host(y), yref)
+            np.testing.assert_array_equal(to_host(y), yref, err_msg=f"{algorithm} against {reference}")
             assert len({float(v) for v in c.allgather(float(to_host(y)[0]))}) == 1  # the same on every rank
         assert tolerant.steps == 4 and tolerant.failures == []
-        assert " ring " in repr(tolerant)
+        assert f" {tolerant.algorithm} " in repr(tolerant)
         tolerant.free()
         plain.free()
 
@@ -222,9 +235,8 @@ def test_tolerant_mean_misuse_is_refused():
         mg.Gossip(y, comm=c, mode="pull", on_failure="continue")
     with pytest.raises(ValueError, match="on_failure='continue' moves the buffer's own dtype, not wire='bf16'"):
         mg.Gossip(y, comm=c, mode="push", wire="bf16", on_failure="continue")
-    for algorithm in ("mpi", "node-ring"):
-        with pytest.raises(ValueError, match=f"algorithm='{algorithm}' cannot survive a failed rank"):
-            mg.AllreduceAverager(y, comm=c, on_failure="continue", algorithm=algorithm)
+    with pytest.raises(ValueError, match="algorithm='mpi' cannot survive a failed rank"):
+        mg.AllreduceAverager(y, comm=c, on_failure="continue", algorithm="mpi")
     avg = _quiet(mg.AllreduceAverager, y, comm=c, on_failure="continue")
     with pytest.raises(RuntimeError, match="not with on_failure='continue'"):
         avg.join()
