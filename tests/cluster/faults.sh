@@ -161,6 +161,9 @@ kill_case() {  # a killed rank survived: survive.py's checks on every survivor, 
     if [ "$(grep -ac '^survive: .*"ok": true' "$LOG")" -ne $((n - 1)) ] || [ $rc -ne 0 ]; then
       fail kill "$n ranks ($args): exit $rc, not every survivor passed"; return
     fi
+    if [[ "$args" == *"--algo allreduce"* ]] && [ "$(grep -ac '^survive: .*"algorithm": "node-ring"' "$LOG")" -ne 7 ]; then
+      fail kill "$n ranks ($args): the node-aware ring did not run under on_failure=continue"; return
+    fi
   done
   # a torch SGP whose parameters form two groups (two dtypes), killed mid-exchange: recovered together
   timeout -k 5 120 $MPI --with-ft ulfm -n 8 --map-by slot "$PY" "$PWD/tests/scripts/survive_groups.py" --algo sgp \

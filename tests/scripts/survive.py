@@ -94,6 +94,7 @@ else:
     ps = cls(x, comm=world, on_failure="continue", timeout=60)
     ps.weight = 1.0  # (no weight: the checks below read it as 1)
 averager = ps
+algorithm = getattr(ps, "algorithm", None)   # (AllreduceAverager: its ring, as chosen for the launch's layout)
 if a.outer:   # the outer step moves x (Σx is not kept) but keeps every element's history one
     outer = mg.Outer(x, averager, inner_steps=a.inner_steps, method=a.outer)
 mixed_only = not a.outer   # without an outer step (and its local updates) Σx is conserved
@@ -179,7 +180,7 @@ def peaks():
 print("survive: " + json.dumps({"rank": rank, "ok": all(checks.values()), "checks": checks,
                                 "spread": float(np.max(zmax - zmin)), "z - base spread": spread_shift,
                                 "sum w": sum_w, "victim weight": victim_weight, "weight": ps.weight, "steps": ps.steps,
-                                "preposted": getattr(ps, "preposted", None),
+                                "preposted": getattr(ps, "preposted", None), "algorithm": algorithm,
                                 "received": int(ps.received.sum()) if a.algo == "agp" else None, "failure": f, "size": comm.Get_size(),
                                 "chunk_bytes": failures.chunk_bytes(), **peaks()}), flush=True)
 failures.exit(0 if all(checks.values()) else 1)
