@@ -1,6 +1,7 @@
 """Communication benchmark: mpigossip's communicators against raw mpi4py on the same bytes.
 
-    mpigossip-mpiexec -n 4 python benchmarks/bench_comm.py [--sizes-mb 4 16 64] [--repeats 25] [--out FILE]
+    mpigossip-mpiexec -n 4 python benchmarks/bench_comm.py [--sizes-mb 4 16 64] [--repeats 25] [--kind numpy|torch]
+        [--out FILE]
 
 Each pair (ours, other) is timed alternately in the same run, repeat after repeat, so
 machine noise hits both sides alike. A round's time is the max over ranks (the slowest
@@ -10,7 +11,8 @@ its quartiles, so one noisy repeat moves neither.
 Two kinds of "other": the raw MPI call on the same bytes (the issue's targets), and the
 raw MPI call followed by the arithmetic the algorithm cannot skip (the 1/n of a mean,
 PushSum's combine, done by the same kernels): that second ratio is the cost of the
-communicator itself.
+communicator itself. ``--kind torch``: the communicators hold a torch tensor (the raw calls
+the same bytes as numpy). Every row records the commit and the versions.
 """
 
 import argparse
@@ -21,15 +23,17 @@ from _timing import side_by_side  # noqa: E402  (benchmarks/ is on sys.path when
 from mpi4py import MPI
 
 import mpigossip as mg
-from mpigossip.core import kernels
+from mpigossip.core import kernels, provenance
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[4, 16, 64])
     parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--kind", choices=("numpy", "torch"), default="numpy", help="the communicators' buffer")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
+    stamp = {"kind": args.kind, "commit": provenance.commit(), "versions": provenance.versions()}
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size
     rows = []
@@ -38,6 +42,9 @@ def main():
         x = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
         raw = x.copy()
         inv = 1.0 / size
+        if args.kind == "torch":
+            import torch
+            x = torch.from_numpy(x)
 
         def allreduce():
             comm.Allreduce(MPI.IN_PLACE, raw, MPI.SUM)
@@ -85,7 +92,7 @@ def main():
                   f"{r['ratio']:>6.3f} {r['q1']:>5.2f}-{r['q3']:<5.2f}")
         if args.out:
             with open(args.out, "w") as f:
-                json.dump(rows, f, indent=2)
+                json.dump([dict(r, **stamp) for r in rows], f, indent=2)
 
 
 if __name__ == "__main__":
