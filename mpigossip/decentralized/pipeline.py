@@ -15,7 +15,7 @@ that leaves a rank is exactly what arrives (PushSum's Σx, D-PSGD's mean). The c
 decodes what arrived in the same pass: ``x += sum_j b_j * decoded_j``.
 
 How each message's request is made and waited is the pipeline's *request strategy*
-(:class:`mpigossip.exact.ring.Immediate` by default: ``Isend``/``Irecv`` under the owner's
+(:class:`mpigossip.core.requests.Immediate` by default: ``Isend``/``Irecv`` under the owner's
 deadline). With ``on_failure="continue"`` the communicator passes
 :class:`mpigossip.resilience.persistent.PersistentRequests`: the same messages on persistent
 requests, each under the eager limit, and the step *atomic*: every chunk has a receive slot of
@@ -27,7 +27,7 @@ from .. import topology as topo_mod
 from ..core import buffers, kernels
 from ..core import wire as wire_mod
 from ..core.checks import check_integer
-from ..exact.ring import Immediate
+from ..core.requests import Immediate
 
 
 def bind_mixing(topology, default, size, *, slots, what):
@@ -52,7 +52,7 @@ class Pipeline:
         transport: the :class:`~mpigossip.core.buffers.Transport` of ``owner.buffer``.
         chunk_bytes, slots: as the communicators document them.
         wire: a wire format (:data:`mpigossip.core.wire.FORMATS`) or None (the buffer itself).
-        requests: the request strategy (None: :class:`~mpigossip.exact.ring.Immediate`); one with
+        requests: the request strategy (None: :class:`~mpigossip.core.requests.Immediate`); one with
             a ``limit`` makes the step atomic (see the module).
     """
 

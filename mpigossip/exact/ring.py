@@ -22,7 +22,7 @@ serves the blocking call (every wait under the deadline) and the nonblocking
 ``start()``/``test()``/``finish()`` (progress from ``test()`` calls).
 
 How a message's request is made, tested and waited is the schedule's *request strategy*:
-:class:`Immediate` (``Isend``/``Irecv``, waited under the owner's deadline) by default, or
+:class:`~mpigossip.core.requests.Immediate` (``Isend``/``Irecv``, waited under the owner's deadline) by default, or
 :class:`mpigossip.resilience.persistent.PersistentRequests` for ``on_failure="continue"``
 (persistent requests made once and started each run, a failed peer raised as
 :class:`~mpigossip.resilience.failures.PeerFailure`). The schedule, its segments and its
@@ -33,36 +33,11 @@ from mpi4py import MPI
 
 from ..core import buffers, kernels, nodes
 from ..core.base import shard_bounds
+from ..core.requests import Immediate
 
 
 def _segments(lo, hi, seg):
     return [(a, min(hi, a + seg)) for a in range(lo, hi, seg)] if hi > lo else []
-
-
-class Immediate:
-    """The default request strategy: ``Isend``/``Irecv``, each made for one message, waited
-    under the owner's deadline (its ``_wait``). ``limit``: the most bytes one request may move
-    (None: no limit)."""
-
-    limit = None
-
-    def __init__(self, owner):
-        self.owner = owner
-
-    def isend(self, comm, array, dest, tag):
-        return comm.Isend(array, dest=dest, tag=tag)
-
-    def irecv(self, comm, array, source, tag):
-        return comm.Irecv(array, source=source, tag=tag)
-
-    def test(self, requests, op):
-        """Whether every request has completed."""
-        return MPI.Request.Testall(requests)
-
-    def wait(self, requests, op, peer):
-        """Complete ``requests``; ``op`` names the owner's call (e.g. "step (step 5)"), ``peer``
-        whom it waits for (a callable of the pending indices, or a string)."""
-        self.owner._wait(requests, op, peer=peer)
 
 
 class _Schedule:
