@@ -52,17 +52,36 @@ def submit(env, script, *options, extra=None):
                             env=dict(env, **(extra or {})), cwd=ROOT)
 
 
-def finish(waiter, log, timeout=300):
+def finish(waiter, log, timeout=300, env=None):
     """Wait for a :func:`submit`-ted job (killing ``sbatch --wait`` if it outlives ``timeout``);
-    the text of its log. The job must have succeeded."""
+    the text of its log. The job must have succeeded. ``env``: Slurm's environment, to say
+    where the job and the nodes stood if it did not end in time."""
     try:
         _, stderr = waiter.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        where = "" if env is None else "\n" + slurm_state(env)
+        text = log.read_text() if log.exists() else ""
+        raise AssertionError(f"the job did not end within {timeout} s; its log:\n{text}{where}") from None
     finally:
         if waiter.poll() is None:
             waiter.kill()
     text = log.read_text()
     assert waiter.returncode == 0, stderr + text
     return text
+
+
+def slurm_state(env, lines=40):
+    """The queue, the nodes and the tail of the controller's log: why a job did not run."""
+    def run(*cmd):
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, env=env, timeout=30)
+        return proc.stdout + proc.stderr
+    out = ["$ squeue", run("squeue", "-o", "%i %j %T %r %N"), "$ sinfo -N", run("sinfo", "-N", "-o", "%N %t %E")]
+    folder = os.path.dirname(env.get("SLURM_CONF", ""))
+    controller = os.path.join(folder, "log", "slurmctld.log")
+    if os.path.isfile(controller):
+        with open(controller) as f:
+            out += [f"$ tail {controller}", "".join(f.readlines()[-lines:])]
+    return "\n".join(out)
 
 
 def same_result(run, reference):
