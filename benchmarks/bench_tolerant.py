@@ -5,13 +5,15 @@ step against its default one, on the same bytes, side by side in one run.
     bash benchmarks/tolerant.sh     # across 4 emulated nodes at 1 Gbit (root)
 
 Both run the algorithm's one schedule (:mod:`mpigossip.exact.ring`, :mod:`mpigossip.decentralized.
-pipeline`); what differs is the request strategy (persistent requests, messages under the eager
+pipeline`, :mod:`mpigossip.decentralized.overlap`); what differs is the request strategy (persistent requests, messages under the eager
 limit, PushSum's and D-PSGD's combine once the step's messages have all arrived). Pairs:
 
 * ``AllreduceAverager.average``: continue (the flat ring) / default (``algorithm`` as chosen for
   this layout and size: the flat ring with a rank a node);
 * ``AllreduceAverager.start+finish``: the same, nonblocking;
-* ``PushSum.step`` (one peer, exponential graph) and ``DPSGD.step`` (undirected ring).
+* ``PushSum.step`` (one peer, exponential graph) and ``DPSGD.step`` (undirected ring);
+* ``PushSum.start+finish``: overlap mode (OSGP, ``max_delay=1``), one schedule
+  (:mod:`mpigossip.decentralized.overlap`) on persistent requests with an alarm against plain ones.
 
 Each pair is timed alternately (benchmarks/_timing.py: a round is the slowest rank's time; the
 ratio is the median of the per-repeat ratios, with quartiles). Under a launch without ULFM the
@@ -61,6 +63,11 @@ def _step(c):
     c.step()
 
 
+def _start_finish(c):
+    c.start()
+    c.finish()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[4, 16])
@@ -80,6 +87,10 @@ def main():
                           lambda b, f: mg.PushSum(b, comm=comm, on_failure=f,
                                                   topology=mg.topology.ExponentialGraph(peers=1)),
                           _step, args.repeats))
+        rows.append(_pair(comm, "PushSum.start+finish", mb,
+                          lambda b, f: mg.PushSum(b, comm=comm, on_failure=f, max_delay=1,
+                                                  topology=mg.topology.ExponentialGraph(peers=1)),
+                          _start_finish, args.repeats))
         rows.append(_pair(comm, "DPSGD.step", mb, lambda b, f: mg.DPSGD(b, comm=comm, on_failure=f), _step,
                           args.repeats))
     if comm.rank == 0:

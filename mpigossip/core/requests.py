@@ -9,9 +9,11 @@ from mpi4py import MPI
 class Immediate:
     """The default request strategy: ``Isend``/``Irecv``, each made for one message, waited
     under the owner's deadline (its ``_wait``). ``limit``: the most bytes one request may move
-    (None: no limit)."""
+    (None: no limit); ``persistent``: whether a request is kept and started again (then a
+    schedule keeps one tag per kind, and its memory in a pool)."""
 
     limit = None
+    persistent = False
 
     def __init__(self, owner):
         self.owner = owner
@@ -21,6 +23,14 @@ class Immediate:
 
     def irecv(self, comm, array, source, tag):
         return comm.Irecv(array, source=source, tag=tag)
+
+    def message(self, requests):
+        """The requests of one message as :meth:`test` and :meth:`wait` take them (a list here)."""
+        return requests
+
+    def watch(self, op):
+        """At a step boundary: nothing to watch here (a strategy that meets failures raises
+        if one is known)."""
 
     def test(self, requests, op):
         """Whether every request has completed."""

@@ -16,52 +16,36 @@ Two modes:
   receive memory is ``slots * chunk_bytes`` per in-peer, not a copy of the model.
 * ``start()`` ... ``finish()``: overlap (OSGP). ``start()`` splits off the share into a
   send buffer and posts the sends; ``finish()`` adds whatever has arrived, and blocks only
-  on messages sent ``max_delay`` or more steps ago. Progress comes from ``Test`` calls at
-  step boundaries; there is no background thread.
+  on messages sent ``max_delay`` or more steps ago (:mod:`mpigossip.decentralized.overlap`).
+  Progress comes from ``Test`` calls at step boundaries; there is no background thread.
+
+Each mode has one schedule of messages; with ``on_failure="continue"`` it runs on the request
+strategy of :mod:`mpigossip.resilience.persistent`, and a recovery salvages what it can
+(:mod:`mpigossip.resilience.overlap` for overlap mode).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
 from ..core import buffers, deadline, kernels
-from ..core.base import check_chunk_bytes, step_tag, tag_period
+from ..core.base import check_chunk_bytes, tag_period
 from ..core.checks import check_integer
 from ..core.registry import OPTION_DEFAULTS
 from ..resilience import failures
-from ..resilience.persistent import PersistentRequests
-from ..resilience.tolerant_overlap import PersistentOverlap
+from ..resilience import overlap as overlap_recovery
+from ..resilience.persistent import AlarmedRequests, PersistentRequests
 from .agp import AsyncPushSum
+from .overlap import Overlap, tag
 from .pipeline import Pipeline
 from .pushsum_base import PushSumBase
 
 if TYPE_CHECKING:
     from ..core.hints import Buffer
     from ..topology import Topology
-
-
-def _tag(step, weight=False):
-    """A step's share (kind 0) and weight (kind 1): the package's one tag scheme."""
-    return step_tag(step, 1 if weight else 0, 2)
-
-
-def _uniform(own, peers):
-    """Whether a column gives its out-peers the same share it keeps (then overlap mode
-    scales once, at the sender)."""
-    return all(v == own for v in peers.values())
-
-
-class _Message:
-    """One expected receive of overlap mode: (x share, w share) from ``src`` sent at ``step``."""
-
-    __slots__ = ("step", "src", "slot", "wbuf", "requests", "factor")
-
-    def __init__(self, step: int, src: Any, slot: Any, wbuf: Any, requests: Any, factor: Any) -> None:
-        self.step, self.src, self.slot, self.wbuf, self.requests = step, src, slot, wbuf, requests
-        self.factor = factor  # scales (x, w) as received: 1 if the sender scaled them already
 
 
 class PushSum(PushSumBase):
@@ -133,28 +117,14 @@ class PushSum(PushSumBase):
                                   cuda_aware=cuda_aware, wire=wire, requests=self._exchange)
         self._wrecv = np.zeros(0, dtype=np.float64)   # the synchronous step's weights received and sent
         self._wsend = np.zeros(1, dtype=np.float64)
-        self._recv: list[Any] = []        # overlap: full-size receive Transports (scratch), grown on demand
-        self._recv_free: list[Any] = []   # indices of free receive slots (overlap mode)
-        self._send: list[Any] = []        # overlap: send Transports
-        self._send_free: list[Any] = []
-        self._sends: list[Any] = []       # overlap: (slot, requests, wbuf) of sends in flight
-        self._pending: list[Any] = []     # overlap: _Message list, oldest first
-        self._consumed: list[Any] = []    # overlap: messages arrived and not yet combined
+        self._osgp: Overlap | None = None  # overlap mode's schedule (made at the first start() on a communicator)
         self._overlap = False  # whether the last step was start()/finish() (leave() steps the same way)
-        self._overlap_exchange = None  # on_failure="continue": overlap mode's PersistentOverlap
         self._counted = False  # (continue) this start()'s step already counts: its finish() only ends it
-
-    # ------------------------------------------------------------------ helpers
-    def _recv_slot(self, index):
-        while len(self._recv) <= index:
-            self._recv.append(self._new_transport())
-        return self._recv[index]
 
     @property
     def in_flight(self) -> bool:
         """Whether any overlap-mode message is still pending or unsent."""
-        tolerant = self._overlap_exchange is not None and self._overlap_exchange.in_flight
-        return bool(self._pending or self._consumed or self._sends or self._started or tolerant)
+        return bool(self._started or (self._osgp is not None and self._osgp.in_flight))
 
     # ------------------------------------------------------------------ synchronous
     def step(self) -> None:
@@ -180,7 +150,7 @@ class PushSum(PushSumBase):
         self_weight, outs, ins, shares = self._mixing(k)
         requests, comm = self._pipeline.requests, self.comm
         tolerant = self._exchange is not None
-        wtag = _tag(0 if tolerant else k, True)   # (persistent requests keep their tags)
+        wtag = tag(0 if tolerant else k, True)   # (persistent requests keep their tags)
         if self._wrecv.size != len(ins):
             self._wrecv = np.zeros(len(ins), dtype=np.float64)
         wrecv, wsend = self._wrecv, self._wsend
@@ -198,7 +168,7 @@ class PushSum(PushSumBase):
             self.weight = self_weight * self.weight + sum(s * float(wj) for s, wj in zip(shares, wrecv))
             return self.weight
 
-        self._pipeline.run(outs, ins, _tag(0 if tolerant else k), op, self_weight=self_weight, weights=shares,
+        self._pipeline.run(outs, ins, tag(0 if tolerant else k), op, self_weight=self_weight, weights=shares,
                            step=k, before_combine=new_weight, z=None if self._zbuf is None else self._zbuf.array)
         self._release()
 
@@ -234,6 +204,14 @@ class PushSum(PushSumBase):
                              z=z, w=self.weight)
 
     # ------------------------------------------------------------------ overlap
+    def _schedule(self, k):
+        """Overlap mode's schedule over the current communicator (made at its first start():
+        with on_failure="continue" collective, and it may raise PeerFailure)."""
+        if self._osgp is None:
+            requests = self._pipeline.requests if self._exchange is None else AlarmedRequests(self)
+            self._osgp = Overlap(self, requests, k)
+        return self._osgp
+
     def start(self) -> None:
         """Overlap mode: split off this step's share of (x, w) and post its sends and receives."""
         self._check_open()
@@ -246,48 +224,11 @@ class PushSum(PushSumBase):
             return
         k = self.steps
         self.topology.check_step(k)
-        p, out_weights = self.topology.mixing_weights(self.rank, k)
-        outs = sorted(out_weights)
-        ins = self.topology.in_peers(self.rank, k)
-        self.buffer.synchronize()  # no combine queued on the device still reads a slot MPI rewrites
-        # Receives first, so early senders find them posted.
-        for src in ins:
-            factor = self._receive_factor(src, k)
-            index = self._recv_free.pop() if self._recv_free else len(self._recv)
-            slot = self._recv_slot(index)
-            wbuf = np.zeros(1, dtype=np.float64)
-            reqs = [self.comm.Irecv(slot.spec, source=src, tag=_tag(k)),
-                    self.comm.Irecv(wbuf, source=src, tag=_tag(k, True))]
-            self._pending.append(_Message(k, src, index, wbuf, reqs, factor))
-        if outs:
-            self._progress_sends()
-            while len(self._sends) > self.max_delay + 1:  # bound memory: wait for the oldest send
-                slot, reqs, _, dsts = self._sends[0]
-                self._wait(reqs, f"start (send of step {k})", peer=dsts)
-                self._progress_sends()
-            index = self._send_free.pop() if self._send_free else len(self._send)
-            if index == len(self._send):
-                self._send.append(self._new_transport())
-            send = self._send[index]
-            self.buffer.acquire()
-            if self._code is not None:     # send = encoded x, x -= (1 - p) decoded; peers scale
-                self._code.encode(self.buffer.array, send.buffer.array, share=1.0 - p, salt=k)
-                wbuf = np.array([self.weight], dtype=np.float64)
-                self.weight *= p
-            else:
-                wbuf = np.array([self._split_off(send.buffer.array, p, _uniform(p, out_weights))],
-                                dtype=np.float64)
-            send.before_send()
-            reqs = []
-            for dst in outs:
-                reqs += [self.comm.Isend(send.spec, dest=dst, tag=_tag(k)),
-                         self.comm.Isend(wbuf, dest=dst, tag=_tag(k, True))]
-            self._sends.append((index, reqs, wbuf, outs))
-            self._release()
+        self._schedule(k).start(k, f"start (step {k})")
         self._started = True
 
     def _tolerant_start(self):
-        """start() with on_failure="continue" (:mod:`mpigossip.resilience.tolerant_overlap`)."""
+        """start() with on_failure="continue": a failure met is recovered from here."""
         if self._together:
             raise RuntimeError(f"{self._name}.start(): overlap mode with on_failure='continue' recovers one "
                                "PushSum at a time, not several stepped together")
@@ -298,43 +239,55 @@ class PushSum(PushSumBase):
             self.steps += 1
             self._counted = True
             return
-        if self._overlap_exchange is None:
-            try:
-                self._overlap_exchange = PersistentOverlap(self, k)
-            except failures.PeerFailure:
-                self._recover(k)
-                return
         self.topology.check_step(k)
-        self_weight, out_weights = self.topology.mixing_weights(self.rank, k)
-        ins = self.topology.in_peers(self.rank, k)
         try:
-            self._overlap_exchange.start(k, self_weight, sorted(out_weights), ins, _uniform(self_weight, out_weights),
-                                         f"{self._name}.start (step {k})")
+            self._schedule(k).start(k, f"start (step {k})")
         except failures.PeerFailure:
             self._recover(k)
 
-    def _tolerant_finish(self):
+    def finish(self) -> None:
+        """Overlap mode: add every message that has arrived; block only for those
+        sent ``max_delay`` or more steps ago. Ends the step."""
+        self._check_open()
+        if not self._started:
+            raise RuntimeError("PushSum.finish(): start() was not called")
         k = self.steps
         self._started = False
-        if self._counted:
+        if self._counted:   # (continue) the step counted already: a recovery, or a skip
             self._counted = False
             return
+        schedule = self._osgp
+        assert schedule is not None   # made by start()
         try:
-            self._overlap_exchange.finish(f"{self._name}.finish (step {k})", force_before=k - self.max_delay)
+            schedule.finish(f"finish (step {k})", force_before=k - self.max_delay)
         except failures.PeerFailure:
             self._recover(k)
             return
         self.steps += 1
 
+    def drain(self) -> None:
+        """Wait for every message in flight and add it (overlap mode), so that (x, w)
+        hold all the mass. Every rank must have run the same number of steps."""
+        self._check_open()
+        if self._started:
+            raise RuntimeError("PushSum.drain(): call finish() first")
+        if self._osgp is None:
+            return
+        try:
+            self._osgp.drain("drain")
+        except failures.PeerFailure:
+            self._recover(self.steps - 1)   # what was in flight is lost; the steps stand
+
     def _recover(self, entry):
-        """Survives' recovery, and in overlap mode: what was in flight is lost, and a step whose
+        """Survives' recovery, and in overlap mode: what arrived whole is added, survivors
+        exchange what they had in flight to each other (the rest is lost), and a step whose
         start() met the failure counts (its finish() only ends it)."""
-        overlap = self._overlap_exchange
-        if overlap is not None:   # what arrived whole, then what survivors sent each other
-            overlap.salvage()
-            overlap.quiesce(self.steps, f"{self._name} (failure at step {entry})")
-            overlap.abandon()
-            self._overlap_exchange = None   # a new one over the survivors, at the next start()
+        schedule, self._osgp = self._osgp, None   # a new one over the survivors, at the next start()
+        if schedule is not None:
+            overlap_recovery.salvage(schedule)
+            overlap_recovery.quiesce(schedule, self.steps, f"{self._name} (failure at step {entry})")
+            schedule.requests.abandon()
+            failures.keep(*schedule.memory())
         super()._recover(entry)
         if self._started:
             self._counted = True
@@ -402,93 +355,6 @@ class PushSum(PushSumBase):
             kernels.debias(self._zbuf.array, self.buffer.array, self.weight)
             self._release()
 
-    def _split_off(self, send, p, uniform):
-        """Overlap mode: split this step's share of ``(x, w)`` into ``send`` (the caller holds
-        the buffer); returns the weight the message carries. ``uniform``: ``x = p x`` and
-        ``send = p x``, every out-peer takes it as is; else ``send = x`` and each out-peer
-        scales by its own weight (:meth:`_receive_factor`)."""
-        if uniform:
-            kernels.split_share(self.buffer.array, send, p)
-            self.weight *= p
-            return self.weight
-        kernels.split_share(self.buffer.array, send, 1.0)
-        kernels.scale(self.buffer.array, p)
-        sent, self.weight = self.weight, self.weight * p
-        return sent
-
-    def _receive_factor(self, src, k):
-        """How the receiver scales what ``src`` sent at step k (overlap mode)."""
-        own, peers = self.topology.mixing_weights(src, k)
-        return 1.0 if self._code is None and _uniform(own, peers) else peers[self.rank]
-
-    def _progress_sends(self):
-        still = []
-        for entry in self._sends:
-            if MPI.Request.Testall(entry[1]):
-                self._send_free.append(entry[0])
-            else:
-                still.append(entry)
-        self._sends = still
-
-    def _progress_recvs(self, force_before=None, op="finish"):
-        """Move arrived messages to ``_consumed``; wait for those sent at step <= force_before."""
-        still = []
-        for msg in self._pending:
-            if force_before is not None and msg.step <= force_before:
-                self._wait(msg.requests, f"{op} (message of step {msg.step})", peer=msg.src)
-            if MPI.Request.Testall(msg.requests):
-                self._consumed.append(msg)
-            else:
-                still.append(msg)
-        self._pending = still
-
-    def finish(self) -> None:
-        """Overlap mode: add every message that has arrived; block only for those
-        sent ``max_delay`` or more steps ago. Ends the step."""
-        self._check_open()
-        if not self._started:
-            raise RuntimeError("PushSum.finish(): start() was not called")
-        if self._exchange is not None:
-            return self._tolerant_finish()
-        k = self.steps
-        self._progress_sends()
-        self._progress_recvs(force_before=k - self.max_delay)
-        self._consume()
-        self._started = False
-        self.steps += 1
-
-    def _consume(self):
-        msgs, self._consumed = self._consumed, []
-        recvs = []
-        for msg in msgs:
-            slot = self._recv[msg.slot]
-            slot.after_recv()
-            recvs.append(slot.buffer.array)
-            self.weight += msg.factor * float(msg.wbuf[0])
-        self._acquire()
-        self._combine(1.0, recvs, [msg.factor for msg in msgs])
-        self._release()
-        self._recv_free.extend(msg.slot for msg in msgs)
-
-    def drain(self) -> None:
-        """Wait for every message in flight and add it (overlap mode), so that (x, w)
-        hold all the mass. Every rank must have run the same number of steps."""
-        self._check_open()
-        if self._started:
-            raise RuntimeError("PushSum.drain(): call finish() first")
-        if self._overlap_exchange is not None:
-            try:
-                self._overlap_exchange.drain(f"{self._name}.drain")
-            except failures.PeerFailure:
-                self._recover(self.steps - 1)   # what was in flight is lost; the steps stand
-            return
-        if self._pending:
-            self._progress_recvs(force_before=self.steps, op="drain")
-            self._consume()
-        for slot, reqs, _, dsts in self._sends:
-            self._wait(reqs, "drain (sends)", peer=dsts)
-        self._progress_sends()
-
     def _quiesce(self):
         if self.in_flight:
             self.drain()
@@ -535,13 +401,14 @@ class PushSum(PushSumBase):
             self._complete()
             if self._exchange is not None and not self.failures:
                 self._exchange.free()
-                if self._overlap_exchange is not None:
-                    self._overlap_exchange.free()
+                if self._osgp is not None:
+                    self._osgp.requests.free()
         self._free_comm()
 
     def __repr__(self):
         state = "freed" if self.closed else (
-            f"{len(self._pending)} pending, {len(self._sends)} sending" if self.in_flight else "idle")
+            f"{len(self._osgp.pending)} pending, {len(self._osgp.sends)} sending" if self._osgp and self.in_flight
+            else "idle")
         return (f"<PushSum {self.buffer.kind} {self.buffer.dtype} size={self.buffer.size} rank={self.rank}/"
                 f"{self.size} {self.topology!r} steps={self.steps} weight={self.weight:.6g} "
                 f"max_delay={self.max_delay}{'' if self.wire is None else ' wire=' + self.wire} {state}>")

@@ -3,8 +3,8 @@
 * :mod:`.failures`: ULFM's revoke, shrink and agree; messages whose outcome is kept; the
   alarm every survivor hears;
 * :mod:`.membership`: ranks leaving on purpose (out of data) and :class:`~mpigossip.Join`;
-* the strategies a communicator is given under ``on_failure="continue"``: persistent
-  requests and what is salvaged from a failed step (:mod:`.tolerant` for the synchronous
-  mixing step, :mod:`.tolerant_overlap` for PushSum's overlap, :mod:`.agp_tolerant` for AGP,
-  :mod:`.persistent` for the rings of the exact mean).
+* the strategies a communicator's one schedule is given under ``on_failure="continue"``
+  (:mod:`.persistent`: persistent requests, with an alarm for overlap mode; :mod:`.agp_tolerant`
+  for AGP) and what a recovery salvages (:mod:`.tolerant` around a synchronous step,
+  :mod:`.overlap` from PushSum's overlap mode).
 """

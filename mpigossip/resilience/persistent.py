@@ -1,7 +1,8 @@
 """Persistent requests as a request strategy, for a schedule run with ``on_failure="continue"``.
 
-A schedule (the rings of :mod:`mpigossip.exact.ring`) asks its strategy for each message's
-request; :class:`PersistentRequests` makes a persistent one the first time a message with that
+A schedule (the rings of :mod:`mpigossip.exact.ring`, the mixing step of
+:mod:`mpigossip.decentralized.pipeline`, PushSum's overlap mode in
+:mod:`mpigossip.decentralized.overlap`) asks its strategy for each message's request; :class:`PersistentRequests` makes a persistent one the first time a message with that
 peer, tag and memory is asked for, and starts it again every later run (with Open MPI's ob1 a
 non-persistent request to a dead peer may end the job: :mod:`mpigossip.resilience.failures`).
 Its waits and tests turn a failed peer or a revoked communicator into
@@ -32,6 +33,8 @@ class PersistentRequests:
     chunk_bytes`), so that it completes without the receiver's progress.
     """
 
+    persistent = True
+
     def __init__(self, owner: Any) -> None:
         self.owner = owner
         self._made: dict[tuple, Any] = {}   # (kind, communicator, peer, tag, address, length) -> request
@@ -61,11 +64,20 @@ class PersistentRequests:
         """A started persistent receive into ``message`` from ``source``."""
         return self._request("recv", comm, message, source, tag)
 
-    def test(self, requests: list[Any], op: str) -> bool:
-        """Whether every request has completed; raises PeerFailure if one completed in error."""
-        return failures.Message(requests).test(f"{self.owner._name}.{op}")
+    def message(self, requests: list[Any]) -> failures.Message:
+        """The (started) requests of one message, each one's outcome kept (a salvage after a
+        failure adds only a message whose every request completed without error)."""
+        return failures.Message(requests)
 
-    def wait(self, requests: list[Any], op: str, peer: Any) -> None:
+    def watch(self, op: str) -> None:
+        """At a step boundary (see :class:`AlarmedRequests`)."""
+
+    def test(self, requests: list[Any] | failures.Message, op: str) -> bool:
+        """Whether every request has completed; raises PeerFailure if one completed in error."""
+        message = requests if isinstance(requests, failures.Message) else failures.Message(requests)
+        return message.test(f"{self.owner._name}.{op}")
+
+    def wait(self, requests: list[Any] | failures.Message, op: str, peer: Any) -> None:
         """Complete ``requests`` under the owner's deadline; raises PeerFailure as :func:`failures.wait`."""
         failures.wait(requests, comm=self.owner.comm, timeout=self.owner.timeout, op=f"{self.owner._name}.{op}",
                       peer=peer)
@@ -81,3 +93,35 @@ class PersistentRequests:
         for request in self._made.values():
             request.Free()
         self._made = {}
+
+
+class AlarmedRequests(PersistentRequests):
+    """:class:`PersistentRequests` with an alarm (:class:`~mpigossip.resilience.failures.Alarm`,
+    on a duplicate of the owner's communicator: collective to make): every :meth:`watch` and
+    every wait raises PeerFailure once any rank failed or a survivor sounded the alarm. For a
+    schedule whose ranks need not meet the dead rank's messages for steps (overlap mode), so
+    that every survivor enters the recovery within a step; :meth:`quiesce` then lets them
+    exchange what they had in flight to each other."""
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__(owner)
+        self.alarm = failures.Alarm(owner.comm, owner._name)
+
+    def watch(self, op: str) -> None:
+        self.alarm.watch(f"{self.owner._name}.{op}")
+
+    def wait(self, requests: list[Any] | failures.Message, op: str, peer: Any) -> None:
+        failures.wait(requests, comm=self.owner.comm, timeout=self.owner.timeout, op=f"{self.owner._name}.{op}",
+                      peer=peer, alarm=self.alarm)
+
+    def quiesce(self, step: int, share: Any, receive: Any, op: str) -> None:
+        """:meth:`Alarm.quiesce <mpigossip.resilience.failures.Alarm.quiesce>` under the owner's deadline."""
+        self.alarm.quiesce(step, share, receive, timeout=self.owner.timeout, op=op)
+
+    def abandon(self) -> None:
+        super().abandon()
+        self.alarm.keep()
+
+    def free(self) -> None:
+        super().free()
+        self.alarm.free()

@@ -166,7 +166,7 @@ def test_overlap_consumes_late_messages_within_the_bound():
         if c.rank == 0:
             time.sleep(0.01)
         ps.finish()
-        assert all(m.step >= ps.steps - 2 for m in ps._pending)
+        assert all(m.step >= ps.steps - 2 for m in ps._osgp.pending)
     ps.drain()
     assert np.array_equal(global_sum(c, x), total)
     ps.free()
