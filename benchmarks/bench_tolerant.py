@@ -13,7 +13,9 @@ limit, PushSum's and D-PSGD's combine once the step's messages have all arrived)
 * ``AllreduceAverager.start+finish``: the same, nonblocking;
 * ``PushSum.step`` (one peer, exponential graph) and ``DPSGD.step`` (undirected ring);
 * ``PushSum.start+finish``: overlap mode (OSGP, ``max_delay=1``), one schedule
-  (:mod:`mpigossip.decentralized.overlap`) on persistent requests with an alarm against plain ones.
+  (:mod:`mpigossip.decentralized.overlap`) on persistent requests with an alarm against plain ones;
+  with ``--compute-ms-per-mb`` the caller's work (a sleep) between the two, on both sides, as in
+  training, where the time the calls hold the caller is what overlap mode is for.
 
 Each pair is timed alternately (benchmarks/_timing.py: a round is the slowest rank's time; the
 ratio is the median of the per-repeat ratios, with quartiles). Under a launch without ULFM the
@@ -22,6 +24,7 @@ fault-tolerant side warns once and runs the same code.
 
 import argparse
 import json
+import time
 import warnings
 
 import numpy as np
@@ -63,8 +66,10 @@ def _step(c):
     c.step()
 
 
-def _start_finish(c):
+def _start_finish(c, compute_s=0.0):
     c.start()
+    if compute_s:   # the caller's work between them (a sleep), as OSGP overlaps its messages with a step
+        time.sleep(compute_s)
     c.finish()
 
 
@@ -73,26 +78,37 @@ def main():
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[4, 16])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rate-gbit", type=float, default=None, help="the link rate (recorded)")
+    parser.add_argument("--compute-ms-per-mb", type=float, default=0.0,
+                        help="PushSum.start+finish: sleep this many ms per MB between start() and finish() (both "
+                             "sides; 8 is about a 1 Gbit link's time for the message)")
+    parser.add_argument("--only", nargs="+", metavar="WHAT", help="only these pairs (e.g. PushSum.start+finish)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     rows = []
     nodes = len(set(comm.allgather(MPI.Get_processor_name())))
+    pairs = {
+        "AllreduceAverager.average": (lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f), _average),
+        "AllreduceAverager.start+finish": (lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f),
+                                           _overlapped),
+        "PushSum.step": (lambda b, f: mg.PushSum(b, comm=comm, on_failure=f,
+                                                 topology=mg.topology.ExponentialGraph(peers=1)), _step),
+        "PushSum.start+finish": (lambda b, f: mg.PushSum(b, comm=comm, on_failure=f, max_delay=1,
+                                                         topology=mg.topology.ExponentialGraph(peers=1)),
+                                 None),
+        "DPSGD.step": (lambda b, f: mg.DPSGD(b, comm=comm, on_failure=f), _step),
+    }
+    unknown = sorted(set(args.only or []) - set(pairs))
+    if unknown:
+        parser.error(f"--only: unknown {unknown}; one of {sorted(pairs)}")
     for mb in args.sizes_mb:
-        rows.append(_pair(comm, "AllreduceAverager.average", mb,
-                          lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f), _average, args.repeats))
-        rows.append(_pair(comm, "AllreduceAverager.start+finish", mb,
-                          lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f), _overlapped, args.repeats))
-        rows.append(_pair(comm, "PushSum.step", mb,
-                          lambda b, f: mg.PushSum(b, comm=comm, on_failure=f,
-                                                  topology=mg.topology.ExponentialGraph(peers=1)),
-                          _step, args.repeats))
-        rows.append(_pair(comm, "PushSum.start+finish", mb,
-                          lambda b, f: mg.PushSum(b, comm=comm, on_failure=f, max_delay=1,
-                                                  topology=mg.topology.ExponentialGraph(peers=1)),
-                          _start_finish, args.repeats))
-        rows.append(_pair(comm, "DPSGD.step", mb, lambda b, f: mg.DPSGD(b, comm=comm, on_failure=f), _step,
-                          args.repeats))
+        compute_s = args.compute_ms_per_mb * mb / 1e3
+        for what, (make, call) in pairs.items():
+            if call is None:   # (the overlap pair, with the caller's work)
+                call = lambda c, s=compute_s: _start_finish(c, s)  # noqa: E731
+            if not args.only or what in args.only:
+                rows.append(_pair(comm, what, mb, make, call, args.repeats))
+                rows[-1]["compute_ms"] = 1e3 * compute_s if what == "PushSum.start+finish" else 0.0
     if comm.rank == 0:
         meta = {"commit": provenance.commit(), "versions": provenance.versions(), "ranks": comm.size,
                 "nodes": nodes, "rate_gbit": args.rate_gbit, "ulfm": failures.enabled(),
