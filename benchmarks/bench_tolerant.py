@@ -73,6 +73,22 @@ def _start_finish(c, compute_s=0.0):
     c.finish()
 
 
+def _pairs(comm, compute_s):
+    """Each pair's name: (make(buffer, on_failure), call(communicator), the caller's seconds of
+    work in a call); the overlap pair does ``compute_s`` between ``start()`` and ``finish()``."""
+    def exponential():
+        return mg.topology.ExponentialGraph(peers=1)
+    return {
+        "AllreduceAverager.average": (lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f), _average, 0.0),
+        "AllreduceAverager.start+finish": (lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f),
+                                           _overlapped, 0.0),
+        "PushSum.step": (lambda b, f: mg.PushSum(b, comm=comm, on_failure=f, topology=exponential()), _step, 0.0),
+        "PushSum.start+finish": (lambda b, f: mg.PushSum(b, comm=comm, on_failure=f, max_delay=1, topology=exponential()),
+                                 lambda c: _start_finish(c, compute_s), compute_s),
+        "DPSGD.step": (lambda b, f: mg.DPSGD(b, comm=comm, on_failure=f), _step, 0.0),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[4, 16])
@@ -87,28 +103,14 @@ def main():
     comm = MPI.COMM_WORLD
     rows = []
     nodes = len(set(comm.allgather(MPI.Get_processor_name())))
-    pairs = {
-        "AllreduceAverager.average": (lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f), _average),
-        "AllreduceAverager.start+finish": (lambda b, f: mg.AllreduceAverager(b, comm=comm, on_failure=f),
-                                           _overlapped),
-        "PushSum.step": (lambda b, f: mg.PushSum(b, comm=comm, on_failure=f,
-                                                 topology=mg.topology.ExponentialGraph(peers=1)), _step),
-        "PushSum.start+finish": (lambda b, f: mg.PushSum(b, comm=comm, on_failure=f, max_delay=1,
-                                                         topology=mg.topology.ExponentialGraph(peers=1)),
-                                 None),
-        "DPSGD.step": (lambda b, f: mg.DPSGD(b, comm=comm, on_failure=f), _step),
-    }
-    unknown = sorted(set(args.only or []) - set(pairs))
+    unknown = sorted(set(args.only or []) - set(_pairs(comm, 0.0)))
     if unknown:
-        parser.error(f"--only: unknown {unknown}; one of {sorted(pairs)}")
+        parser.error(f"--only: unknown {unknown}; one of {sorted(_pairs(comm, 0.0))}")
     for mb in args.sizes_mb:
         compute_s = args.compute_ms_per_mb * mb / 1e3
-        for what, (make, call) in pairs.items():
-            if call is None:   # (the overlap pair, with the caller's work)
-                call = lambda c, s=compute_s: _start_finish(c, s)  # noqa: E731
+        for what, (make, call, compute) in _pairs(comm, compute_s).items():
             if not args.only or what in args.only:
-                rows.append(_pair(comm, what, mb, make, call, args.repeats))
-                rows[-1]["compute_ms"] = 1e3 * compute_s if what == "PushSum.start+finish" else 0.0
+                rows.append(dict(_pair(comm, what, mb, make, call, args.repeats), compute_ms=1e3 * compute))
     if comm.rank == 0:
         meta = {"commit": provenance.commit(), "versions": provenance.versions(), "ranks": comm.size,
                 "nodes": nodes, "rate_gbit": args.rate_gbit, "ulfm": failures.enabled(),

@@ -166,8 +166,7 @@ class Overlap:
         o.buffer.acquire()
         wbuf[0] = self._split_off(send.buffer.array, own, peers, step)
         o._release()
-        o.buffer.synchronize()   # the split has written the slot MPI reads
-        send.before_send()
+        send.before_send()   # the split (queued on our stream) has written the slot MPI reads
         sent = Sent(slot)
         self.sends.append(sent)   # the share has left (x, w): lost if it never arrives
         xtag, wtag = self._tags(step)

@@ -49,8 +49,7 @@ def _from_survivors(overlap, shared, gone, op):
         step = info["first"] if last is None else last + 1
         while count < info["sent"].get(me, 0):
             if me in o.topology.mixing_weights(src, step)[1]:
-                with failures.raised_as_failure(op):
-                    overlap.post(step, src)
+                overlap.post(step, src)   # (its requests' failures raised as PeerFailure)
                 count += 1
             step += 1
     sends = failures.Message([r for sent in overlap.sends for dst, reqs in sent.to.items() if dst not in gone

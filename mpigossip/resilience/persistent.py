@@ -34,6 +34,7 @@ class PersistentRequests:
     """
 
     persistent = True
+    alarm: failures.Alarm | None = None   # (AlarmedRequests) the alarm every wait also tests
 
     def __init__(self, owner: Any) -> None:
         self.owner = owner
@@ -80,7 +81,7 @@ class PersistentRequests:
     def wait(self, requests: list[Any] | failures.Message, op: str, peer: Any) -> None:
         """Complete ``requests`` under the owner's deadline; raises PeerFailure as :func:`failures.wait`."""
         failures.wait(requests, comm=self.owner.comm, timeout=self.owner.timeout, op=f"{self.owner._name}.{op}",
-                      peer=peer)
+                      peer=peer, alarm=self.alarm)
 
     def abandon(self) -> None:
         """The communicator failed: keep its requests alive (never freed) and start afresh on
@@ -103,16 +104,14 @@ class AlarmedRequests(PersistentRequests):
     that every survivor enters the recovery within a step; :meth:`quiesce` then lets them
     exchange what they had in flight to each other."""
 
+    alarm: failures.Alarm
+
     def __init__(self, owner: Any) -> None:
         super().__init__(owner)
         self.alarm = failures.Alarm(owner.comm, owner._name)
 
     def watch(self, op: str) -> None:
         self.alarm.watch(f"{self.owner._name}.{op}")
-
-    def wait(self, requests: list[Any] | failures.Message, op: str, peer: Any) -> None:
-        failures.wait(requests, comm=self.owner.comm, timeout=self.owner.timeout, op=f"{self.owner._name}.{op}",
-                      peer=peer, alarm=self.alarm)
 
     def quiesce(self, step: int, share: Any, receive: Any, op: str) -> None:
         """:meth:`Alarm.quiesce <mpigossip.resilience.failures.Alarm.quiesce>` under the owner's deadline."""
