@@ -15,7 +15,13 @@ limit, PushSum's and D-PSGD's combine once the step's messages have all arrived)
 * ``PushSum.start+finish``: overlap mode (OSGP, ``max_delay=1``), one schedule
   (:mod:`mpigossip.decentralized.overlap`) on persistent requests with an alarm against plain ones;
   with ``--compute-ms-per-mb`` the caller's work (a sleep) between the two, on both sides, as in
-  training, where the time the calls hold the caller is what overlap mode is for.
+  training, where the time the calls hold the caller is what overlap mode is for;
+* ``AsyncPushSum.start+finish``: AGP (``PushSum(max_delay=None)``), the same call and work; since
+  AGP never waits, the row also records the shares each rank combined a step on both sides
+  (``ours_shares``, ``other_shares``): what the link delivered, not only what the calls cost;
+* ``GradientAllReduce.backward``: a torch MLP of the size's parameters (layers of 1 MB) in
+  buckets of a quarter of it, its backward pass with the buckets' means overlapped (the
+  continue side: each bucket on the flat ring's persistent requests and one agreement a pass).
 
 Each pair is timed alternately (benchmarks/_timing.py: a round is the slowest rank's time; the
 ratio is the median of the per-repeat ratios, with quartiles). Under a launch without ULFM the
@@ -46,6 +52,8 @@ def _pair(comm, what, mb, make, call, repeats):
     other = make(y, "abort")
     row = side_by_side(comm, what, mb, lambda: call(ours), lambda: call(other), repeats,
                        algorithm=getattr(other, "algorithm", None))
+    if hasattr(ours, "received"):   # AGP: what the link delivered on each side
+        row.update(ours_shares=_shares(ours), other_shares=_shares(other))
     ours.free()
     other.free()
     return row
@@ -73,6 +81,35 @@ def _start_finish(c, compute_s=0.0):
     c.finish()
 
 
+def _shares(c):
+    """AGP: the shares one rank combined a step (mean over ranks), after its timed steps."""
+    return c.comm.allreduce(int(c.received.sum())) / (c.size * max(c.steps, 1))
+
+
+class _Backward:
+    """A torch MLP of about ``n`` float32 parameters (1 MB layers) under ``GradientAllReduce``
+    (buckets of a quarter of the model) on ``comm``: ``step()`` is one backward pass."""
+
+    def __init__(self, comm, n, on_failure):
+        import torch
+
+        from mpigossip.torch import GradientAllReduce
+        width = 512   # a 512 x 512 layer: 1 MiB of float32
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(width, width, bias=False) for _ in range(max(1, n // width ** 2))]
+        self.model = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.Tanh())])
+        self.input = torch.randn(32, width)
+        mb = 4 * n / 2 ** 20
+        self.wrapper = GradientAllReduce(self.model, comm=comm, bucket_mb=max(mb / 4, 1), on_failure=on_failure)
+
+    def step(self):
+        self.model.zero_grad(set_to_none=False)
+        self.model(self.input).square().mean().backward()
+
+    def free(self):
+        self.wrapper.free()
+
+
 def _pairs(comm, compute_s):
     """Each pair's name: (make(buffer, on_failure), call(communicator), the caller's seconds of
     work in a call); the overlap pair does ``compute_s`` between ``start()`` and ``finish()``."""
@@ -86,6 +123,10 @@ def _pairs(comm, compute_s):
         "PushSum.start+finish": (lambda b, f: mg.PushSum(b, comm=comm, on_failure=f, max_delay=1, topology=exponential()),
                                  lambda c: _start_finish(c, compute_s), compute_s),
         "DPSGD.step": (lambda b, f: mg.DPSGD(b, comm=comm, on_failure=f), _step, 0.0),
+        "AsyncPushSum.start+finish": (lambda b, f: mg.PushSum(b, comm=comm, on_failure=f, max_delay=None,
+                                                              topology=exponential()),
+                                      lambda c: _start_finish(c, compute_s), compute_s),
+        "GradientAllReduce.backward": (lambda b, f: _Backward(comm, b.size, f), _step, 0.0),
     }
 
 
