@@ -345,16 +345,18 @@ class Layout:
     def choose(self, algorithm, nbytes, *, tolerant=False):
         """The algorithm for ``nbytes`` (``algorithm`` unless it is "auto"): MPI's on one node
         and below :data:`RING_MIN_BYTES`; the node-aware ring across nodes with several ranks
-        per node (equal on every node), else the flat ring. ``tolerant`` (``on_failure=
-        "continue"``): never MPI's (its collectives do not survive a failed rank), the flat ring
-        instead."""
+        per node (equal on every node), else the flat ring (two ranks on two nodes too: as
+        fast as MPI's blocking ``Allreduce``, and its ``start()`` half the time of MPI's
+        ``Iallreduce``, which moves only inside MPI calls: docs/RESULTS.md). ``tolerant``
+        (``on_failure="continue"``): never MPI's (its collectives do not survive a failed
+        rank), the flat ring instead."""
         if tolerant and algorithm == "mpi":
             return "ring"
         if algorithm != "auto":
             if algorithm == "node-ring" and not self.uniform:
                 return "ring"  # the node-aware ring needs as many ranks on every node
             return algorithm
-        if self.one_node or nbytes < RING_MIN_BYTES or self.comm.Get_size() < 3:
+        if self.one_node or nbytes < RING_MIN_BYTES:
             return "ring" if tolerant else "mpi"
         return "node-ring" if self.uniform and self.local_size > 1 else "ring"
 
