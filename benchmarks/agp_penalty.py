@@ -6,8 +6,8 @@ The time model's maps charge AGP for the weight it has in flight (``mpigossip.si
 more steps than AllReduce it needs to reach a target. This runs the package itself on one node
 (``python -m mpigossip train`` under ``mpigossip-mpiexec``: AllReduce SGD, SGP and AGP, softmax regression on the
 digits, plain SGD at the simulator's lr 0.05, batch 16 a rank, weight decay 1e-4 as the simulator's L2) and the
-simulator on its own digits problem with the same ranks, lr, batch and steps (AGP's shares combined 1 step late,
-and 1-3), several seeds each. For each: the mean accuracy of the ranks' own models at the evaluated steps, and the
+simulator on its own digits problem with the same ranks, lr, batch and steps (AGP's shares combined in the step
+they left or the next, 1 step late as the time model's large messages are at best, and 1-3), several seeds each. For each: the mean accuracy of the ranks' own models at the evaluated steps, and the
 steps to the target (AllReduce's best in its first half of the steps less 0.01, on each side its own). The row to
 read is AGP's steps over AllReduce's, measured against simulated. Writes OUT.json and OUT.md.
 """
@@ -30,7 +30,7 @@ from mpigossip.reproduce import simulate  # noqa: E402
 from mpigossip.reproduce.experiments import load_curve  # noqa: E402
 
 SCHEMES = ("allreduce", "sgp", "agp")
-DELAYS = {"agp (1 step late)": [1], "agp (1-3 steps late)": [1, 2, 3]}
+DELAYS = {"agp (0-1 steps late)": [0, 1], "agp (1 step late)": [1], "agp (1-3 steps late)": [1, 2, 3]}
 
 
 def measured(ranks, steps, seed, lr, every, folder):
