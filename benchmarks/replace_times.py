@@ -56,8 +56,9 @@ def row(algorithm, width, summary):
     r = f["replaced"]
     exact = "weight_sum" not in summary or abs(summary["weight_sum"][0] - weight_accounted(summary)) < 1e-9
     return {"algorithm": algorithm, "width": width, "model_mb": round(model_mb(width), 1),
+            "failed_ranks": [r for f in summary["failures"] for r in f["ranks"]],
             "world_size": summary["world_size"], "recovery_s": f["recovery_s"], "spawn_s": r["spawn_s"],
-            "heal_s": r["heal_s"], "back_after_recovery_s": r["back_at_s"] - f["recovered_at_s"],
+            "heal_s": r["heal_s"], "heal_parts": r.get("heal_parts", {}), "back_after_recovery_s": r["back_at_s"] - f["recovered_at_s"],
             "newcomer_host": r["hosts"].get(str(r["ranks"][0])) if r["ranks"] else None,
             "final_accuracy": summary["final_accuracy"], "mass_exact": exact}
 
@@ -74,18 +75,24 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default="replace-times")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each method and width")
     args = p.parse_args(argv)
     rows, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for width in args.widths:
             for algorithm in args.algorithms:
-                proc, summary, seconds = run(args, algorithm, width, os.path.join(tmp, f"{algorithm}-{width}"))
-                if summary is None or summary["world_size"] != args.ranks:
-                    failed.append(f"{algorithm} width {width}: exit {proc.returncode}\n{proc.stdout[-2000:]}"
-                                  f"{proc.stderr[-2000:]}")
-                    continue
-                rows.append(dict(row(algorithm, width, summary), run_s=seconds))
-                print(f"replace_times: {json.dumps(rows[-1])}", flush=True)
+                for repeat in range(args.repeats):
+                    folder = os.path.join(tmp, f"{algorithm}-{width}-{repeat}")
+                    proc, summary, seconds = run(args, algorithm, width, folder)
+                    if summary is None or summary["world_size"] != args.ranks:
+                        failed.append(f"{algorithm} width {width}: exit {proc.returncode}\n{proc.stdout[-2000:]}"
+                                      f"{proc.stderr[-2000:]}")
+                        continue
+                    rows.append(dict(row(algorithm, width, summary), run_s=seconds))
+                    print(f"replace_times: {json.dumps(rows[-1])}", flush=True)
+                    if rows[-1]["failed_ranks"] != [args.victim]:   # one kill must cost one rank
+                        failed.append(f"{algorithm} width {width}: ranks {rows[-1]['failed_ranks']} failed where "
+                                      f"only {args.victim} was killed\n{proc.stderr[-2000:]}")
     os.makedirs(args.out, exist_ok=True)
     where = args.mpiexec or "mpigossip-mpiexec (one node)"
     with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
@@ -94,11 +101,14 @@ def main(argv=None):
                    "rows": rows, "failed": failed}, f, indent=2)
     with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
         f.write(f"# Growing back: rank {args.victim} of {args.ranks} killed at step {args.kill_at} ({where})\n\n")
-        f.write("| method | model MB | recovery (s) | spawn (s) | heal (s) | back at full size after the recovery (s) "
-                "| newcomer on | accuracy | mass exact |\n|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| method | model MB | recovery (s) | spawn (s) | heal (s) | of it: split, handover, load (s) "
+                "| back at full size after the recovery (s) | newcomer on | accuracy | mass exact |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
+            parts = ", ".join(f"{r['heal_parts'][k]:.2f}" if k in r["heal_parts"] else "-"
+                              for k in ("split_s", "handover_s", "load_s"))
             f.write(f"| {r['algorithm']} | {r['model_mb']} | {r['recovery_s']:.3f} | {r['spawn_s']:.2f} | "
-                    f"{r['heal_s']:.2f} | {r['back_after_recovery_s']:.2f} | {r['newcomer_host']} | "
+                    f"{r['heal_s']:.2f} | {parts} | {r['back_after_recovery_s']:.2f} | {r['newcomer_host']} | "
                     f"{r['final_accuracy']:.4f} | {r['mass_exact']} |\n")
         for failure in failed:
             f.write(f"\nFailed: {failure.splitlines()[0]}\n")

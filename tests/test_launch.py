@@ -52,6 +52,7 @@ def test_fault_tolerant_launch_is_mpirun_with_ulfm():
     assert env["OMPI_MCA_coll"] == "^han"  # han's collectives are not fault tolerant
     assert env["OMPI_MCA_btl_tcp_eager_limit"] == str(4 << 20)  # pieces eager (a rendezvous hung)
     assert env["PRTE_MCA_state_base_recoverable"] == "1"  # a spawned replacement's end is not an error
+    assert env["OMPI_MCA_btl_sm_free_list_max"] == "65536"  # a revoke with no fragment free crashed a survivor
     _, env = slurm.command("mpirun", ["p"], {"SLURM_NTASKS": "4", "MPIRUN": "mpirun", "OMPI_MCA_coll": "^hcoll"},
                            fault_tolerant=True)
     assert env["OMPI_MCA_coll"] == "^hcoll"  # the user's choice stands

@@ -11,7 +11,9 @@ already set, what Open MPI 5 needs there:
   the fault-tolerant paths send in pieces under it, all eager over TCP, as a rendezvous between
   two survivors, one of which has revoked the communicator, was seen hanging the other inside
   ``MPI_Testall`` across nodes; larger pieces are fewer messages, and the limit sizes the TCP
-  fragments Open MPI reserves: 1 GiB had reserved ~9 GB of address space per rank) and
+  fragments Open MPI reserves: 1 GiB had reserved ~9 GB of address space per rank),
+  ``OMPI_MCA_btl_sm_free_list_max=65536`` (:data:`SM_FREE_LIST_MAX`: with the default 512 a
+  survivor's revoke could find no shared-memory fragment free and crash) and
   ``PRTE_MCA_state_base_recoverable=1`` (a replacement that
   :func:`mpigossip.resilience.grow.replace` spawns is a job of its own, which ``--with-ft`` does
   not reach: without it, the launcher calls its end without ``MPI_Finalize`` improper and
@@ -31,8 +33,15 @@ LOCAL_DEFAULTS = {
     "OMPI_MCA_osc": "^ucx",
 }
 ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+#: The shared-memory transport's fragments a rank may hold (Open MPI's default 512): a ring over a
+#: 100 MB model under ``on_failure="continue"`` has hundreds of segments in flight, and when a
+#: failure comes while they hold every fragment, ULFM's revoke finds none to send its notice with
+#: and crashes the survivor (``ompi_comm_rbcast_send_msg: Error: bml_base_alloc failed``, then a
+#: segmentation fault): one kill had taken two more ranks with it (docs/RESULTS.md).
+SM_FREE_LIST_MAX = 65536
 #: What a fault-tolerant launch (``--with-ft ulfm``) sets unless already set.
 FAULT_TOLERANT_DEFAULTS = {"OMPI_MCA_coll": "^han", "OMPI_MCA_btl_tcp_eager_limit": str(4 << 20),
+                           "OMPI_MCA_btl_sm_free_list_max": str(SM_FREE_LIST_MAX),
                            "PRTE_MCA_state_base_recoverable": "1"}
 
 

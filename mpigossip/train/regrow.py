@@ -129,6 +129,7 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
     with None): the newcomers' state from their donors; every rank's loaded into the rebuilt
     algorithm."""
     t_heal = time.perf_counter()
+    parts = {}   # the heal's parts, in seconds (split, handover, load)
     comm, new = run.comm, run.comm.Get_rank() in newcomers
     if newcomers and os.environ.get(KILL_IN_HEAL, "") == str(comm.Get_rank()):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -150,14 +151,19 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
             for x, c in zip(xs, scales):
                 x *= c   # (a power of two: exact)
             ws = [w * c for w, c in zip(ws, scales)]
+        t_split = time.perf_counter()
         ws = heal.split(xs, ws, comm=comm, newcomers=newcomers, timeout=run.timeout, op=OP)
+        parts["split_s"] = time.perf_counter() - t_split
     else:
         plan = heal.donors([None if r in newcomers else 1.0 for r in range(comm.Get_size())],
                            newcomers) if newcomers else {}
     given = None
     if not new:   # (the numerators went by split)
         given = dict(state, algo=_without_numerators(state["algo"]) if mixing else state["algo"])
+    t_hand = time.perf_counter()
     received = heal.handover(given, comm=comm, plan=plan, timeout=run.timeout, op=OP)
+    parts["handover_s"] = time.perf_counter() - t_hand
+    t_load = time.perf_counter()
     if new:
         state = received
     if mixing:
@@ -173,16 +179,18 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
     run.algo.load_state_dict(state["algo"])
     if new:
         _adopt(run, state)
+    parts["load_s"] = time.perf_counter() - t_load
     record = {"ranks": list(newcomers), "donors": {str(k): v for k, v in plan.items()}, "spawn_s": spawn_s,
               **({"weight_before": totals, "scaled_by": scales} if mixing else {}),
-              "heal_s": time.perf_counter() - t_heal,
+              "heal_s": time.perf_counter() - t_heal, "heal_parts": parts,
               "total_s": time.perf_counter() - t0 if t0 is not None else None,
               "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None, "refused": refused}
     gathered = deadline.allgather(comm, (record, socket.gethostname()), timeout=run.timeout, op=OP)
     run.hosts = [host for _, host in gathered]
     # the first survivor's record (a newcomer, rank 0 too when rank 0 died, timed nothing), where each newcomer runs
     first = min(r for r in range(comm.Get_size()) if r not in newcomers)
-    record = dict(gathered[first][0], hosts={str(r): run.hosts[r] for r in newcomers})
+    record = dict(gathered[first][0], hosts={str(r): run.hosts[r] for r in newcomers},
+                  heal_parts={k: max(g[0]["heal_parts"].get(k, 0.0) for g in gathered) for k in parts})  # the slowest rank's
     run.failures[-1]["replaced"] = record
     run.evaluate = Evaluator(run.eval_model, run.x_test, run.y_test, comm=comm, timeout=run.timeout)
     run.algo.after_failure = run._follow_algorithm
