@@ -81,3 +81,42 @@ def test_misuse_is_refused_on_every_rank():
         heal.split(np.ones(10), 0.0 if c.rank == 0 else 1.0, comm=c, newcomers=[c.size - 1], timeout=60)
     with pytest.raises(ValueError, match="root must be a rank below"):
         heal.broadcast(np.ones(10), comm=c, root=c.size, timeout=60)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_handover_sends_each_tensor_raw_and_only_its_own_elements():
+    """A state dict as a training job hands over: a model's parameters viewing one flat buffer
+    (as the package's wrappers keep them), an optimizer's state, bfloat16, bool, numpy arrays,
+    an empty tensor, a state_dict's ``_metadata``. The newcomer gets equal values and dtypes, and
+    no tensor larger than its own elements (pickled, each view carried the whole flat buffer)."""
+    import collections
+
+    torch = pytest.importorskip("torch")
+    c = comm()
+    newcomer, donor = c.size - 1, 0
+    flat = torch.arange(6000, dtype=torch.float32)
+    model = collections.OrderedDict([("a.weight", flat[:4000].view(40, 100)), ("a.bias", flat[4000:4040]),
+                                     ("b.weight", flat[4040:6000].view(49, 40))])
+    model._metadata = {"": {"version": 1}}
+    state = {"model": model, "optimizer": {"state": {0: {"momentum_buffer": torch.full((7, 3), 0.5)}},
+                                           "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
+             "half": torch.tensor([1.5, -2.25], dtype=torch.bfloat16), "mask": torch.tensor([True, False, True]),
+             "empty": torch.empty(0, 3), "rng": np.arange(5, dtype=np.uint32), "step": 15,
+             "views": (np.arange(10.0)[::2], [flat[:3]])}
+    got = heal.handover(state if c.rank == donor else None, comm=c, plan={newcomer: donor}, timeout=60)
+    if c.rank != newcomer:
+        assert got is (state if c.rank == donor else None)
+        return
+    assert list(got["model"]) == list(model) and got["model"]._metadata == {"": {"version": 1}}
+    for key, value in model.items():
+        assert torch.equal(got["model"][key], value)
+        assert got["model"][key].untyped_storage().nbytes() == value.numel() * 4   # its own elements, not 6000
+    assert torch.equal(got["optimizer"]["state"][0]["momentum_buffer"], torch.full((7, 3), 0.5))
+    assert got["optimizer"]["param_groups"] == [{"lr": 0.1, "params": [0, 1]}]
+    assert got["half"].dtype == torch.bfloat16 and torch.equal(got["half"], state["half"])
+    assert got["mask"].dtype == torch.bool and torch.equal(got["mask"], state["mask"])
+    assert got["empty"].shape == (0, 3)
+    assert got["rng"].dtype == np.uint32 and np.array_equal(got["rng"], np.arange(5))
+    assert got["step"] == 15 and isinstance(got["views"], tuple)
+    assert np.array_equal(got["views"][0], np.arange(0.0, 10.0, 2.0))
+    assert torch.equal(got["views"][1][0], flat[:3]) and got["views"][1][0].untyped_storage().nbytes() == 12
