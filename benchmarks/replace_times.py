@@ -10,9 +10,10 @@ parameters, 5000 is 100 MB) under ``MPIEXEC --with-ft ulfm`` (default: the venv'
 ``mpigossip-mpiexec``, one node; ``tests/cluster/mpiexec --map-by node`` across the emulated
 nodes) and kills rank ``--victim`` at step ``--kill-at``. From each run's ``summary.json``: the
 survivors' recovery, the spawn, the heal (from the rebuilt algorithm to every rank loaded:
-the PushSum family sends half the numerators and pickles the donor's model and optimizer state;
-AllReduce and D-PSGD the state only), and from the recovery to the job back at full size;
-every run must end at its size with its mass exact (PushSum family). Writes ``OUT/NAME.json``
+the PushSum family sends half the numerators, then the donor's model and optimizer state, raw
+after a pickled skeleton; AllReduce and D-PSGD the state only; with its parts: split, handover, load), and from the recovery to the job back at full size;
+every run must end at its size with its mass exact (PushSum family) and only the victim failed
+(``--repeats``: runs of each). Writes ``OUT/NAME.json``
 (the summaries, the commit and versions) and ``OUT/NAME.md``; exits 1 if a run failed.
 """
 

@@ -163,8 +163,8 @@ def _rebuilt(obj: Any, arrays: list) -> Any:
         raw = arrays[obj.index]
         if not obj.torch:
             return raw.view(np.dtype(obj.dtype)).reshape(obj.shape)
-        import torch
-        dtype = getattr(torch, obj.dtype)
+        dtype = getattr(_torch(), obj.dtype)
+        torch = _torch()
         t = torch.from_numpy(raw).view(dtype).reshape(obj.shape) if raw.size else torch.empty(obj.shape, dtype=dtype)
         return t if obj.device == "cpu" else t.to(obj.device)
     return obj
@@ -206,6 +206,14 @@ def handover(obj: Any, *, comm: MPI.Intracomm, plan: dict[int, int], timeout: fl
     return obj
 
 
+def _torch() -> Any:
+    """torch, which a state holding tensors was made with (this layer does not import it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        raise RuntimeError("heal.handover: the state handed over holds torch tensors; import torch first")
+    return torch
+
+
 def _collect(obj: Any, places: list) -> None:
     """Every :class:`_Array` in a skeleton."""
     if isinstance(obj, dict):
@@ -220,7 +228,7 @@ def _collect(obj: Any, places: list) -> None:
 
 def _nbytes(place: _Array) -> int:
     if place.torch:
-        import torch
+        torch = _torch()
         itemsize = torch.empty(0, dtype=getattr(torch, place.dtype)).element_size()
     else:
         itemsize = np.dtype(place.dtype).itemsize
