@@ -41,6 +41,23 @@ def slurm(tmp_path_factory):
     stop()
 
 
+def test_train_job_without_a_summary_is_not_done(slurm):
+    """A launch that exits 0 without the run's summary (Open MPI's launcher, having lost a node's
+    daemon, ends the job with status 0: docs/CLUSTER.md) fails the job, saying so; a summary
+    left by an earlier run does not count."""
+    env, tmp = slurm
+    out, log, fake = tmp / "no-summary", tmp / "no-summary.log", tmp / "exits-0"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")   # an earlier run's
+    time.sleep(1.1)   # (older than the job's start, also on a file system with 1 s times)
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    proc = sbatch(env, "train.sbatch", "-o", str(log), extra={"OUT": str(out), "PYTHON": str(fake)})
+    text = log.read_text()
+    assert proc.returncode != 0, text
+    assert "the launch exited 0 but the run wrote no summary" in text and "train.sbatch: done" not in text
+
+
 @pytest.mark.parametrize("launcher, algorithm", [("srun", "sgp"), ("mpirun", "dpsgd")])
 def test_train_job(slurm, launcher, algorithm):
     """The mpirun run is D-PSGD with HIERARCHICAL=1: the node's 4 ranks average in shared memory."""
