@@ -146,7 +146,7 @@ def _skeleton(obj: Any, arrays: list) -> Any:
         return _Array(len(arrays) - 1, str(obj.dtype).removeprefix("torch."), tuple(obj.shape), True, device)
     if isinstance(obj, np.ndarray) and obj.dtype != object:
         arrays.append(np.ascontiguousarray(obj).reshape(-1).view(np.uint8))
-        return _Array(len(arrays) - 1, obj.dtype.str, obj.shape, False, None)
+        return _Array(len(arrays) - 1, obj.dtype, obj.shape, False, None)   # (a structured dtype keeps its fields)
     return obj
 
 
@@ -162,9 +162,9 @@ def _rebuilt(obj: Any, arrays: list) -> Any:
     if isinstance(obj, _Array):
         raw = arrays[obj.index]
         if not obj.torch:
-            return raw.view(np.dtype(obj.dtype)).reshape(obj.shape)
-        dtype = getattr(_torch(), obj.dtype)
+            return raw.view(obj.dtype).reshape(obj.shape)
         torch = _torch()
+        dtype = getattr(torch, obj.dtype)
         t = torch.from_numpy(raw).view(dtype).reshape(obj.shape) if raw.size else torch.empty(obj.shape, dtype=dtype)
         return t if obj.device == "cpu" else t.to(obj.device)
     return obj

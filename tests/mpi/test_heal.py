@@ -102,6 +102,7 @@ def test_handover_sends_each_tensor_raw_and_only_its_own_elements():
                                            "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
              "half": torch.tensor([1.5, -2.25], dtype=torch.bfloat16), "mask": torch.tensor([True, False, True]),
              "empty": torch.empty(0, 3), "rng": np.arange(5, dtype=np.uint32), "step": 15,
+             "record": np.array([(1, 2.5)], dtype=[("n", "i4"), ("x", "f8")]),
              "views": (np.arange(10.0)[::2], [flat[:3]])}
     got = heal.handover(state if c.rank == donor else None, comm=c, plan={newcomer: donor}, timeout=60)
     if c.rank != newcomer:
@@ -117,6 +118,7 @@ def test_handover_sends_each_tensor_raw_and_only_its_own_elements():
     assert got["mask"].dtype == torch.bool and torch.equal(got["mask"], state["mask"])
     assert got["empty"].shape == (0, 3)
     assert got["rng"].dtype == np.uint32 and np.array_equal(got["rng"], np.arange(5))
+    assert got["record"].dtype.names == ("n", "x") and got["record"]["x"][0] == 2.5
     assert got["step"] == 15 and isinstance(got["views"], tuple)
     assert np.array_equal(got["views"][0], np.arange(0.0, 10.0, 2.0))
     assert torch.equal(got["views"][1][0], flat[:3]) and got["views"][1][0].untyped_storage().nbytes() == 12
