@@ -136,8 +136,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rate-gbit", type=float, default=None, help="the link rate (recorded)")
     parser.add_argument("--compute-ms-per-mb", type=float, default=0.0,
-                        help="PushSum.start+finish: sleep this many ms per MB between start() and finish() (both "
-                             "sides; 8 is about a 1 Gbit link's time for the message)")
+                        help="PushSum.start+finish and AsyncPushSum.start+finish: sleep this many ms per MB between "
+                             "start() and finish() (both sides; 8 is about a 1 Gbit link's time for the message)")
     parser.add_argument("--only", nargs="+", metavar="WHAT", help="only these pairs (e.g. PushSum.start+finish)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
