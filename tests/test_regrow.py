@@ -5,7 +5,8 @@ tests/test_faults.py."""
 import numpy as np
 import pytest
 
-from mpigossip.train.regrow import rescale, weight_accounted
+from mpigossip.resilience.heal import rescale
+from mpigossip.train.regrow import weight_accounted
 
 
 def test_rescale_is_a_power_of_two_that_leaves_z_unchanged_exactly():
@@ -30,6 +31,7 @@ def test_weight_accounted_follows_losses_and_heals():
         {"weight_lost": 1.9621582031250004, "replaced": {"weight_before": [0.9753417968749996], "scaled_by": [4.0]}}]}
     assert abs(weight_accounted(s) - 3.9013671875) < 1e-12   # (the OSGP run of test_training_grows_back_twice)
     assert weight_accounted({"initial_world_size": 4, "failures": [{"weight_lost": 1.0}]}) == 3.0   # continue
+    assert weight_accounted({"initial_world_size": 4, "failures": [{"weight_lost": 2.5, "scaled_by": 2.0}]}) == 3.0
     assert weight_accounted({"initial_world_size": 4, "failures": [
         {"weight_lost": 1.0, "replaced": {"ranks": [], "refused": True}}]}) == 3.0   # (no record of a heal)
     s["failures"][1]["replaced"]["weight_before"] = [1.5]   # a heal that found mass the record does not hold

@@ -16,7 +16,7 @@ from ..core import buffers, kernels
 from ..core import wire as wire_mod
 from ..core.base import Communicator
 from ..core.hints import Buffer
-from ..resilience import membership
+from ..resilience import heal, membership
 from ..resilience.tolerant import Survives
 from .pipeline import bind_mixing
 
@@ -35,10 +35,13 @@ class PushSumBase(Survives, Communicator):
         departures: ``[(step, [ranks]), ...]``: the ranks (of the original communicator) that
             left at each step.
         left: whether this rank has left (then its ``x`` holds its de-biased model).
-        failures: ``[{"step", "ranks", "size", "weight_lost", "seconds"}, ...]``: each failure
-            survived (``on_failure="continue"``): the ranks lost (of the original
+        failures: ``[{"step", "ranks", "size", "weight_lost", "scaled_by", "seconds"}, ...]``:
+            each failure survived (``on_failure="continue"``): the ranks lost (of the original
             communicator), the size after, the weight Σw lost with them (their own and what
-            was in flight to or from them, the same on every survivor) and the recovery time.
+            was in flight to or from them, the same on every survivor), the power of two every
+            survivor's ``(x, w)`` was then multiplied by (:func:`mpigossip.resilience.heal.rescale`:
+            Σw back above half the survivors, so that a heavy loss does not grow SGP's step on
+            ``z``; ``z`` unchanged exactly) and the recovery time.
     """
 
     _name = "PushSum"
@@ -148,8 +151,19 @@ class PushSumBase(Survives, Communicator):
         them): the same number on every survivor, from what each told the others."""
         last = dict(zip(before.old, rec.shared))
         total = sum(self._settled_weight(share, r, last, before) for r, share in last.items())
-        lost, self._total_weight = self._total_weight - total, total
-        return {"weight_lost": lost}
+        lost, scale = self._total_weight - total, heal.rescale(total, self.size)
+        if scale != 1.0:   # (every survivor alike: the same total and size)
+            self._scale_mass(scale)
+        self._total_weight = total * scale
+        return {"weight_lost": lost, "scaled_by": scale}
+
+    def _scale_mass(self, scale):
+        """``(x, w) *= scale`` (a power of two: z, Σx/Σw unchanged exactly). Only where no
+        message is in flight: right after a recovery."""
+        self.buffer.acquire()
+        kernels.scale(self.buffer.array, scale)
+        self.buffer.release()
+        self.weight *= scale
 
     def _new_transport(self):
         """A full-size message buffer: the buffer's dtype, or its wire bytes."""

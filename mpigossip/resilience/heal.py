@@ -56,6 +56,24 @@ def donors(weights: list[Any], newcomers: list[int]) -> dict[int, int]:
     return plan
 
 
+def rescale(total: float, size: int) -> float:
+    """The largest power of two that keeps ``total * scale <= size`` (1 where ``total >= size``).
+
+    Every rank's ``(x, w)`` multiplied by it brings Σw back above half the number of ranks: a
+    PushSum-family run's survivors after a failure (which takes the dead rank's weight and what
+    was in flight with it: OSGP lost 2.5 of 4 in one kill here) and a grown run at its heal (the
+    newcomer's half comes out of a donor). Without it the weights average Σw/n, and SGP, whose
+    update moves x by the step, moves z = x/w by the step / w: the learning rate grows by n/Σw
+    (OSGP after two replacements: x4, and it diverged to chance, measured). A common factor
+    leaves every z and the consensus Σx/Σw unchanged; a power of two leaves them unchanged
+    exactly (Σx and Σw exact, scaled). Never down, never past n: AGP, whose rank models are the
+    most spread, ended with a worse rank at Σw 5 (rounded to the nearest power) than left at 2.5.
+    """
+    if not (math.isfinite(total) and 0 < total < size):
+        return 1.0
+    return 2.0 ** math.floor(math.log2(size / total))
+
+
 def split(x: Any, weight: Any, *, comm: MPI.Intracomm, newcomers: list[int], timeout: float | None = None,
           stage: bool | None = None, cuda_aware: bool | None = None, op: str = "heal.split") -> Any:
     """Collective over the grown communicator: give each newcomer half of a donor's ``(x, w)``.

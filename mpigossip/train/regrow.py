@@ -27,7 +27,6 @@ one line (no traceback, no hang).
 """
 
 import contextlib
-import math
 import os
 import random
 import signal
@@ -42,6 +41,7 @@ from ..core import deadline
 from ..core.nodes import local_rank
 from ..launch.slurm import SPARES
 from ..resilience import failures, grow, heal
+from ..resilience.heal import rescale
 from . import checkpoint
 from .cli import algorithms_of
 from .evaluate import Evaluator
@@ -201,22 +201,6 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
               f"heal {record['heal_s']:.2f} s)", flush=True)
 
 
-def rescale(total, size):
-    """The largest power of two that keeps ``total * scale <= size`` (1 where ``total >= size``):
-    every rank's ``(x, w)`` multiplied by it at a heal brings Σw back above half the number of
-    ranks. A failure takes weight with it (the dead rank's own and what was in flight: OSGP lost
-    2.5 of 4 in one kill here) and the newcomer's half comes out of a donor, so without it the
-    grown run's weights average Σw/n: SGP's update moves x by the step and z = x/w by the step / w,
-    so the learning rate grows by n/Σw (OSGP after two replacements: x4, and it diverged to chance,
-    measured). A common factor leaves every z and the consensus Σx/Σw unchanged; a power of two
-    leaves them unchanged exactly (Σx and Σw exact, scaled). Never down, never past n: AGP, whose
-    rank models are the most spread, ended with a worse rank at Σw 5 (rounded to the nearest power)
-    than left at 2.5."""
-    if not (math.isfinite(total) and 0 < total < size):
-        return 1.0
-    return 2.0 ** math.floor(math.log2(size / total))
-
-
 def weight_accounted(summary, group=0):
     """The Σw a PushSum-family run under ``--on-failure continue|replace`` must end with, from its
     ``summary.json`` alone: the initial size, less each failure's ``weight_lost``, times each
@@ -224,7 +208,7 @@ def weight_accounted(summary, group=0):
     record before it leaves (mass created or lost unrecorded)."""
     total = float(summary["initial_world_size"])
     for f in summary.get("failures", []):
-        total -= f["weight_lost"]
+        total = (total - f["weight_lost"]) * f.get("scaled_by", 1.0)   # (the survivors' rescale)
         healed = f.get("replaced") or {}
         if "scaled_by" in healed:
             before = healed["weight_before"][group]

@@ -13,8 +13,10 @@ instead of before it). Each survivor checks, and prints one JSON line ``survive:
 - the failure is recorded alike on every survivor: the victim's rank, the size after, the
   weight lost, a recovery time;
 - Σx and Σw over the survivors are conserved from a few steps after the failure to the end
-  (nothing else lost), and Σw plus the weight lost is the initial world size (PushSum; D-PSGD
-  has no weight: w = 1; gossip push keeps no sum, and is checked for the rest);
+  (nothing else lost), and Σw (divided by the recovery's rescale) plus the weight lost is the
+  initial Σw (PushSum; D-PSGD has no weight: w = 1; gossip push keeps no sum, and is checked
+  for the rest); the rescale is the power of two that brings Σw above half the survivors
+  (--w0 0.1 starts every weight at 0.1: it must);
 - with --outer (an outer optimizer over the averager, averaging every --inner-steps steps, and
   a local update between, the same on every element): the same, except Σx, convergence and the
   range, which the local updates and the outer step move;
@@ -40,6 +42,7 @@ from mpi4py import MPI
 
 import mpigossip as mg
 from mpigossip.resilience import failures
+from mpigossip.resilience.heal import rescale
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
@@ -54,6 +57,9 @@ p.add_argument("--compute-ms", type=float, default=10.0, help="sleep per step (0
 p.add_argument("--peers", type=int, default=1, help="out-peers a step (PushSum, OSGP, AGP)")
 p.add_argument("--unequal", action="store_true",
                help="PushSum family: initial weights 1 + rank (x = w (base + rank)), so that mass gained or lost shows")
+p.add_argument("--w0", type=float, default=1.0,
+               help="PushSum family: every initial weight times this (0.1: the survivors hold Σw far below their "
+                    "number, which the recovery's rescale must bring back)")
 p.add_argument("--crash-in-recovery", type=int, default=None,
                help="this rank dies too, in the survivors' recovery (mpigossip.resilience.failures.CRASH_IN_RECOVERY)")
 p.add_argument("--outer", choices=("localsgd", "slowmo", "diloco"), default=None,
@@ -70,12 +76,12 @@ if a.crash_in_recovery is not None:
     os.environ[failures.CRASH_IN_RECOVERY] = str(a.crash_in_recovery)
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-total = size * (size + 1) / 2 if a.unequal else size   # Σw at the start
+total = (size * (size + 1) / 2 if a.unequal else size) * a.w0   # Σw at the start
 victim = a.victim if a.victim >= 0 else size - 1
 lost = sorted({victim} | ({a.crash_in_recovery} if a.crash_in_recovery is not None else set()))
 n = max(1, int(a.mb * (1 << 20)) // 8)
 base = np.arange(n, dtype=np.float64) % 7
-w0 = 1.0 + rank if a.unequal else 1.0
+w0 = (1.0 + rank if a.unequal else 1.0) * a.w0
 x = (base + rank) * w0
 if a.kind == "torch":
     import torch
@@ -147,6 +153,7 @@ comm.Allreduce(z, zmax, op=MPI.MAX)
 steps = comm.allgather((outer if a.outer else ps).steps)
 records = comm.allgather(json.dumps(ps.failures and {k: v for k, v in ps.failures[0].items() if k != "seconds"}))
 f = ps.failures[0] if ps.failures else {}
+scaled = f.get("scaled_by", 1.0)   # (PushSum family: the recovery's rescale of every survivor's (x, w))
 shift = z - base
 spread_shift = float(np.ptp(shift))
 victim_weight = float(open(a.record).read()) if a.record and not a.mid else 0.0
@@ -158,12 +165,16 @@ checks = {  # bool() each: numpy booleans do not serialise
     "mass conserved after": mark is not None and (mark == () or (
         (not mixed_only or np.isclose(mark[0], sum_x, rtol=1e-12)) and np.isclose(mark[1], sum_w, rtol=1e-12))),
     "weight accounted": bool(f) and (a.algo not in ("pushsum", "osgp", "agp")
-                                     or abs(sum_w + f["weight_lost"] - total) < 1e-9),
+                                     or abs(sum_w / scaled + f["weight_lost"] - total) < 1e-9),
+    # Σw back above half the survivors (SGP's step on z = x / w not grown by a heavy loss), by a power of two
+    "weight rescaled": bool(f) and (a.algo not in ("pushsum", "osgp", "agp") or (
+        scaled == rescale(sum_w / scaled, comm.Get_size())
+        and (scaled == 1.0 or comm.Get_size() / 2 < sum_w <= comm.Get_size()))),
     # AGP mixes only as fast as its links free up: across nodes 200 steps left a spread near 5e-4
     "converged": bool(a.outer) or float(np.max(zmax - zmin)) < (1e-2 if a.algo == "agp" else 1e-6),
     "inside": bool(a.outer) or (float(zmin.min()) >= 0 and float(zmax.max()) <= 6 + size - 1),
     "z - base constant": spread_shift < 1e-9 * max(1.0, float(np.abs(shift).max())),
-    "no mass made": sum_w <= total - victim_weight + 1e-9,
+    "no mass made": sum_w / scaled <= total - victim_weight + 1e-9,
 }
 checks = {k: bool(v) for k, v in checks.items()}
 

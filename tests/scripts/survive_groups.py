@@ -118,7 +118,8 @@ checks = {
     "same record": len(set(records)) == 1,
     "recovered within 15 s": bool(f) and all(g.failures[0]["seconds"] < 15 for g in groups),
     "weight accounted": a.algo != "sgp" or all(
-        abs(comm.allreduce(g.weight) + g.failures[0]["weight_lost"] - size) < 1e-9 for g in groups),
+        abs(comm.allreduce(g.weight) / g.failures[0]["scaled_by"] + g.failures[0]["weight_lost"] - size) < 1e-9
+        for g in groups),
     "same consensus": max(firsts) - min(firsts) <= 1e-9 * max(1.0, abs(firsts[0])),
     "converged": spread < (1e-9 if a.algo in ("allreduce-params", "allreduce") else 1e-6),
     "exact gradients": not gradients or not inexact,
