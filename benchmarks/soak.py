@@ -89,7 +89,8 @@ def checks(name, summary, dead_weight, ranks, fail):
     if name in PUSHSUM:
         out["weights above 2^-11"] = summary.get("weight_min") is not None and summary["weight_min"] >= FLOOR
         lost = failures[0].get("weight_lost", 0.0) if failures else 0.0
-        out["exact mass"] = all(abs(s - weight_accounted(summary)) < 1e-9 for s in summary["weight_sum"])
+        accounted = weight_accounted(summary)
+        out["exact mass"] = all(abs(s - accounted) < 1e-9 for s in summary["weight_sum"])
         if fail and dead_weight is not None:
             out["lost >= the dead rank's own"] = lost >= dead_weight - 1e-9
     return out

@@ -10,7 +10,7 @@ and place in the graph. Every rank then builds the algorithm again over the grow
 communicator and calls :func:`heal_run`:
 
 - the PushSum family (SGP, OSGP, AGP): every survivor's ``(x, w)`` is first multiplied by one
-  power of two (:func:`rescale`: the weight a failure took with it no longer inflates the step
+  power of two (:func:`~mpigossip.resilience.heal.rescale`: the weight a failure took with it no longer inflates the step
   on z), then a donor (the survivor with the largest weight) gives the newcomer half of each
   parameter group's ``(x, w)`` (:func:`mpigossip.resilience.heal.split`: Σx and Σw exact, the
   donor's model on both);
@@ -41,7 +41,6 @@ from ..core import deadline
 from ..core.nodes import local_rank
 from ..launch.slurm import SPARES
 from ..resilience import failures, grow, heal
-from ..resilience.heal import rescale
 from . import checkpoint
 from .cli import algorithms_of
 from .evaluate import Evaluator
@@ -146,7 +145,7 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
         weights = deadline.allgather(comm, None if new else ws, timeout=run.timeout, op=OP)
         plan = heal.donors(weights, newcomers) if newcomers else {}
         totals = [sum(w[g] for w in weights if w is not None) for g in range(len(xs))]
-        scales = [rescale(total, comm.Get_size()) for total in totals]
+        scales = [heal.rescale(total, comm.Get_size()) for total in totals]
         if not new:
             for x, c in zip(xs, scales):
                 x *= c   # (a power of two: exact)
