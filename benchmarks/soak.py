@@ -2,12 +2,14 @@
 failure in the middle, asserting what must hold at any horizon.
 
     python benchmarks/soak.py [--steps 20000] [--ranks 4] [--algorithms sgp osgp agp ...]
-        [--out benchmarks/results] [--name soak] [--runs DIR]
+        [--cases none kill replace replace-two] [--out benchmarks/results] [--name soak] [--runs DIR]
 
 Each method trains the digits MLP (``python -m mpigossip train``) on ``--ranks`` ranks of
-this machine twice: under a plain launch, and under a fault-tolerant one
+this machine once per case: ``none``, a plain launch; ``kill``, a fault-tolerant one
 (``mpigossip-mpiexec --with-ft ulfm``, ``--on-failure continue``) where the last rank is
-killed (SIGKILL) half way. Every run must end with exit status 0 and:
+killed (SIGKILL) half way; ``replace``, the same under ``--on-failure replace`` (the job grows
+back); ``replace-two``, the last two ranks killed together and both replaced (Σw falls to about
+half, and the heal rescales every ``(x, w)`` by 2). Every run must end with exit status 0 and:
 
 * a model that still trains: test accuracy >= 0.9 on the digits;
 * the PushSum family (SGP, OSGP, AGP): the smallest weight any rank held after a step at or
@@ -15,7 +17,9 @@ killed (SIGKILL) half way. Every run must end with exit status 0 and:
   weight reached 1e-150 and 0.0 within 3,000 steps), and exact mass: after the final drain
   Σw is the world size (no failure), or the world size less the weight the recovery reports
   lost, which is at least the dead rank's own weight at its death (its last metrics record);
-* after a failure: the survivors end at the reduced size, the failure recorded once.
+* after a failure: the survivors end at the reduced size, the failure recorded once; under
+  replace: at the full size, each newcomer's parameters its donor's at the heal (``as_donor``),
+  and with half the ranks dead (PushSum family) the heal's ``scaled_by`` above 1.
 
 Writes ``OUT/NAME.json`` (every run's summary, the checks, the commit and versions) and
 ``OUT/NAME.md`` (a table: per method and case, accuracy, steps per second, the smallest
@@ -51,41 +55,60 @@ METHODS = {
     "diloco:gossip-push": ["--base", "gossip-push"],
 }
 PUSHSUM = {"sgp", "osgp", "agp"}
+#: The methods ``--on-failure replace`` grows back (the others are left out of the replace cases).
+REPLACEABLE = {"sgp", "osgp", "agp", "dpsgd", "allreduce", "slowmo:sgp"}
 FLOOR = 2.0 ** -11
+#: case: (on_failure, how many ranks die at once, half way: the last ones). ``replace-two``: two of
+#: the ranks die together, Σw falls to about half the ranks, and the heal rescales every
+#: ``(x, w)`` by 2 (``scaled_by``), which the runs without it never exercise at length.
+CASES = {"none": (None, 0), "kill": ("continue", 1), "replace": ("replace", 1), "replace-two": ("replace", 2)}
 
 
-def run(name, steps, ranks, fail, folder, timeout):
-    """One training run; returns (exit status, summary or None, the dead rank's last weight, seconds)."""
+def run(name, steps, ranks, case, folder, timeout):
+    """One training run; returns (exit status, summary or None, the dead ranks' last weights
+    summed, seconds)."""
     algorithm = name.split(":")[0]
     launcher = os.path.join(os.path.dirname(sys.executable), "mpigossip-mpiexec")
-    victim = ranks - 1
-    cmd = [launcher, *(["--with-ft", "ulfm"] if fail else []), "-n", str(ranks), sys.executable, "-m", "mpigossip",
+    on_failure, dead = CASES[case]
+    victims = list(range(ranks - dead, ranks))
+    cmd = [launcher, *(["--with-ft", "ulfm"] if dead else []), "-n", str(ranks), sys.executable, "-m", "mpigossip",
            "train", "--algorithm", algorithm, *METHODS[name], "--steps", str(steps), "--quiet", "--out", folder]
-    if fail:
-        cmd += ["--on-failure", "continue", "--kill", f"{victim}:{steps // 2}"]
+    if dead:
+        cmd += ["--on-failure", on_failure, *[f"--kill={v}:{steps // 2}" for v in victims]]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     seconds = time.monotonic() - t0
     summary_path = os.path.join(folder, "summary.json")
     summary = json.load(open(summary_path)) if proc.returncode == 0 and os.path.exists(summary_path) else None
     dead_weight = None
-    if fail:
+    for victim in victims:   # (a newcomer writes on in the dead rank's file: its last record before the kill)
         metrics = os.path.join(folder, f"metrics-rank{victim}.jsonl")
         if os.path.exists(metrics):
             records = [json.loads(line) for line in open(metrics) if line.strip()]
-            weighted = [r for r in records if "weights" in r]
-            dead_weight = weighted[-1]["weights"][0] if weighted else None
+            weighted = [r for r in records if "weights" in r and r["step"] < steps // 2]
+            if weighted:
+                dead_weight = (dead_weight or 0.0) + weighted[-1]["weights"][0]
     return proc, summary, dead_weight, seconds
 
 
-def checks(name, summary, dead_weight, ranks, fail):
+def checks(name, summary, dead_weight, ranks, case):
     """The checks of one run, as {name: bool}."""
     if summary is None:
         return {"finished": False}
     out = {"finished": True, "trains (>= 0.9)": summary["final_accuracy"] >= 0.9}
     failures = summary.get("failures", [])
-    if fail:
+    on_failure, dead = CASES[case]
+    fail = bool(dead)
+    if on_failure == "continue":
         out["one failure, survivors at the reduced size"] = (len(failures) == 1 and summary["world_size"] == ranks - 1)
+    if on_failure == "replace":
+        replaced = failures[0].get("replaced", {}) if len(failures) == 1 else {}
+        out["one failure, grown back to full size"] = (
+            len(failures) == 1 and len(failures[0]["ranks"]) == dead and summary["world_size"] == ranks
+            and replaced.get("ranks") == failures[0]["ranks"] and not replaced.get("refused"))
+        out["newcomers start as their donors"] = replaced.get("as_donor") is True
+        if name in PUSHSUM and dead >= ranks // 2:
+            out["heal rescaled (x, w)"] = min(replaced.get("scaled_by") or [1.0]) > 1
     if name in PUSHSUM:
         out["weights above 2^-11"] = summary.get("weight_min") is not None and summary["weight_min"] >= FLOOR
         lost = failures[0].get("weight_lost", 0.0) if failures else 0.0
@@ -98,14 +121,20 @@ def checks(name, summary, dead_weight, ranks, fail):
 
 def table(rows, steps, ranks):
     lines = [f"# Soak: {steps} steps on {ranks} ranks, with and without a failure half way", "",
-             "| method | case | accuracy | steps/s | smallest weight | weight lost | dead rank's own | recovery (s) |"
-             " checks |", "|---|---|---|---|---|---|---|---|---|"]
+             "| method | case | (x, w) scaled by | accuracy | steps/s | smallest weight | weight lost | dead ranks' own "
+             "| recovery (s) | checks |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"] or {}
         f = (s.get("failures") or [{}])[0]
         def fmt(v, spec):
             return "" if v is None else format(v, spec)
-        lines.append(f"| {r['method']} | {'kill rank %d at %d' % (ranks - 1, steps // 2) if r['fail'] else 'no failure'} "
+        case = r["case"]
+        dead = CASES[case][1]
+        said = ("no failure" if not dead else f"kill rank{'s' if dead > 1 else ''} "
+                f"{', '.join(str(v) for v in range(ranks - dead, ranks))} at {steps // 2}"
+                + (", replaced" if CASES[case][0] == "replace" else ""))
+        scaled = (f.get("replaced") or {}).get("scaled_by") or f.get("scaled_by")
+        lines.append(f"| {r['method']} | {said} | {fmt(min(scaled) if isinstance(scaled, list) else scaled, 'g')} "
                      f"| {fmt(s.get('final_accuracy'), '.4f')} | {fmt(s.get('throughput_steps_s'), '.0f')} "
                      f"| {fmt(s.get('weight_min'), '.3g')} | {fmt(f.get('weight_lost'), '.3f')} "
                      f"| {fmt(r['dead_weight'], '.3f')} | {fmt(f.get('recovery_s', f.get('seconds')), '.3f')} "
@@ -118,7 +147,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--algorithms", nargs="+", default=list(METHODS), choices=list(METHODS))
-    p.add_argument("--cases", nargs="+", default=["none", "kill"], choices=["none", "kill"])
+    p.add_argument("--cases", nargs="+", default=["none", "kill"], choices=list(CASES))
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default="soak")
     p.add_argument("--runs", default=None, help="folder for the runs' outputs (default: a temporary one)")
@@ -128,11 +157,13 @@ def main(argv=None):
     rows = []
     for name in args.algorithms:
         for case in args.cases:
-            fail = case == "kill"
+            if CASES[case][0] == "replace" and name not in REPLACEABLE:
+                continue
             folder = os.path.join(runs, f"{name.replace(':', '-')}-{case}")
-            proc, summary, dead_weight, seconds = run(name, args.steps, args.ranks, fail, folder, args.timeout)
-            result = checks(name, summary, dead_weight, args.ranks, fail)
-            rows.append({"method": name, "fail": fail, "summary": summary, "dead_weight": dead_weight,
+            proc, summary, dead_weight, seconds = run(name, args.steps, args.ranks, case, folder, args.timeout)
+            result = checks(name, summary, dead_weight, args.ranks, case)
+            rows.append({"method": name, "case": case, "fail": bool(CASES[case][1]), "summary": summary,
+                         "dead_weight": dead_weight,
                          "checks": result, "seconds": seconds,
                          "output_tail": None if summary else (proc.stdout + proc.stderr)[-3000:]})
             print(f"soak: {name} {case}: {'ok' if all(result.values()) else 'FAILED'} {result} ({seconds:.0f} s)",

@@ -51,6 +51,7 @@ CHOICES = ("abort", "continue")
 
 _kept: list[Any] = []  # revoked communicators and their persistent requests: never freed (see the module)
 _seen = [False]
+_live: list[Any] = [None]  # the latest communicator of the live ranks (a shrink's or a grow's): exit() drains it
 
 
 class PeerFailure(RuntimeError):
@@ -83,10 +84,13 @@ def seen() -> bool:
     return _seen[0]
 
 
-def note_recovered() -> None:
+def note_recovered(comm: MPI.Comm | None = None) -> None:
     """Mark this process as part of a job that recovered from a failure (a newcomer spawned into
-    it): :func:`seen` is true from now on, and it must end with :func:`exit` as the survivors do."""
+    it): :func:`seen` is true from now on, and it must end with :func:`exit` as the survivors do.
+    ``comm``, where given, is the live ranks' communicator now (the one :func:`exit` drains)."""
     _seen[0] = True
+    if comm is not None:
+        _live[0] = comm
 
 
 def _error_class(exc, statuses):
@@ -427,6 +431,7 @@ def shrink(comm: MPI.Comm, step: int, *, timeout: float, op: str, share: Any = N
         _crash_hook()
         if agree(new, gathered is not None, timeout=timeout, op=op):
             assert gathered is not None   # this rank agreed with True
+            _live[0] = new
             return Recovery(new, sorted(lost), max(g[0] for g in gathered), time.monotonic() - start,
                             [g[1] for g in gathered], survivors=original)
         comm = new   # some survivor's exchange failed: shrink again, every survivor alike
@@ -473,7 +478,7 @@ def blocking_deadline(seconds: float, message: str) -> Iterator[None]:
     def expire():
         sys.stderr.write(f"mpigossip: rank {rank}: {message}; ending this process\n")
         faulthandler.dump_traceback(all_threads=True)
-        exit(1)
+        _leave(1)   # (no drain: this thread makes no MPI call)
 
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
@@ -484,10 +489,30 @@ def blocking_deadline(seconds: float, message: str) -> Iterator[None]:
         timer.cancel()
 
 
-def exit(code: int = 0) -> None:
+def exit(code: int = 0, *, comm: MPI.Comm | None = None, timeout: float = 10.0) -> None:
     """End this process without ``MPI_Finalize`` (after a failure the survivors hang in it
-    over TCP): flush the output and leave at once. Call it at the end of a program that set
-    ``on_failure="continue"`` where :func:`seen` is true; elsewhere a normal exit is fine."""
+    over TCP): drain, flush the output and leave. Call it at the end of a program that set
+    ``on_failure="continue"`` where :func:`seen` is true; elsewhere a normal exit is fine.
+
+    Collective over ``comm`` (by default the live ranks' latest communicator: the last
+    shrink's or grow's): a rank leaves only once every rank has entered the exit, so none leaves
+    while a message of its last collective is still queued for a peer (the TCP transport writes
+    eager messages after the call returns; a process that ends first loses them and the peer
+    meets a false failure). The wait is an ``MPI_Ibarrier`` bounded by ``timeout`` seconds; a
+    failure in it is ignored (this rank is leaving anyway)."""
+    comm = comm if comm is not None else _live[0]
+    if comm is not None and comm != MPI.COMM_NULL:
+        try:
+            request = comm.Ibarrier()
+            end = time.monotonic() + timeout
+            while not request.Test() and time.monotonic() < end:
+                time.sleep(0.001)
+        except MPI.Exception:
+            pass
+    _leave(code)
+
+
+def _leave(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

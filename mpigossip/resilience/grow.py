@@ -127,4 +127,5 @@ def _merge(inter: MPI.Intercomm, *, high: bool, key: Any, lost: list[int], timeo
         grown = cast(MPI.Intracomm, merged.Split(0, key=key(merged)))
     grown.Set_errhandler(MPI.ERRORS_RETURN)
     failures.keep(merged, inter)
+    failures.note_recovered(grown)   # (the live ranks' communicator now: failures.exit drains it)
     return grown

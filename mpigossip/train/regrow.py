@@ -27,6 +27,7 @@ one line (no traceback, no hang).
 """
 
 import contextlib
+import hashlib
 import os
 import random
 import signal
@@ -157,14 +158,17 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
         plan = heal.donors([None if r in newcomers else 1.0 for r in range(comm.Get_size())],
                            newcomers) if newcomers else {}
     given = None
-    if not new:   # (the numerators went by split)
-        given = dict(state, algo=_without_numerators(state["algo"]) if mixing else state["algo"])
+    if not new:   # (the numerators went by split; the parameters are x / w, rebuilt from them by the load)
+        given = dict(state, algo=_without_numerators(state["algo"]), model=_without_parameters(state["model"], run.model)
+                     ) if mixing else state
     t_hand = time.perf_counter()
     received = heal.handover(given, comm=comm, plan=plan, timeout=run.timeout, op=OP)
     parts["handover_s"] = time.perf_counter() - t_hand
     t_load = time.perf_counter()
     if new:
         state = received
+        if mixing:   # its own parameters stand in: the algorithm's load writes x / w over them
+            state["model"] = {**run.model.state_dict(), **state["model"]}
     if mixing:
         part = _mixing_part(state["algo"])
         if new:
@@ -184,11 +188,13 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
               "heal_s": time.perf_counter() - t_heal, "heal_parts": parts,
               "total_s": time.perf_counter() - t0 if t0 is not None else None,
               "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None, "refused": refused}
-    gathered = deadline.allgather(comm, (record, socket.gethostname()), timeout=run.timeout, op=OP)
-    run.hosts = [host for _, host in gathered]
+    gathered = deadline.allgather(comm, (record, socket.gethostname(), _digest(run.model)), timeout=run.timeout, op=OP)
+    run.hosts = [host for _, host, _ in gathered]
+    # z unchanged by the split and the handover: each newcomer's parameters are its donor's, bit for bit
+    record["as_donor"] = all(gathered[n][2] == gathered[d][2] for n, d in plan.items())
     # the first survivor's record (a newcomer, rank 0 too when rank 0 died, timed nothing), where each newcomer runs
     first = min(r for r in range(comm.Get_size()) if r not in newcomers)
-    record = dict(gathered[first][0], hosts={str(r): run.hosts[r] for r in newcomers},
+    record = dict(gathered[first][0], as_donor=record["as_donor"], hosts={str(r): run.hosts[r] for r in newcomers},
                   heal_parts={k: max(g[0]["heal_parts"].get(k, 0.0) for g in gathered) for k in parts})  # the slowest rank's
     run.failures[-1]["replaced"] = record
     run.evaluate = Evaluator(run.eval_model, run.x_test, run.y_test, comm=comm, timeout=run.timeout)
@@ -228,6 +234,21 @@ def _without_numerators(algo_state):
     if "base" in algo_state:
         return dict(algo_state, base=dict(algo_state["base"], numerators=None))
     return dict(algo_state, numerators=None)
+
+
+def _digest(model):
+    """A hash of a model's parameters' bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _without_parameters(model_state, model):
+    """A model's state without its parameters (the buffers stay): for the PushSum family, whose
+    parameters every rank's ``load_state_dict`` sets to its de-biased ``x / w``."""
+    named = {name for name, _ in model.named_parameters()}
+    return {k: v for k, v in model_state.items() if k not in named}
 
 
 def _align(algo_state, step):

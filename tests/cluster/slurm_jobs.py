@@ -210,6 +210,18 @@ def launcher_died_after_the_run(text, out):
     return done and "ranks, 300 steps" in text
 
 
+def launcher_lost_a_daemon_in_the_spawn(proc, text, out):
+    """Whether Open MPI 5.0.11's launcher lost a daemon while it spawned the newcomer, before the
+    run ended ("PMIX_ERROR in file prrte/src/prted/pmix/pmix_server_dyn.c", then "PRTE has lost
+    communication with a remote daemon"; once in 3 fresh-clone CI runs, docs/CLUSTER.md): the
+    launcher's fault, which ends the job (train.sbatch then fails it: no summary). A user's
+    remedy is to submit again (or requeue): the test does so once, and holds the second job to
+    every check."""
+    return (proc.returncode != 0 and "pmix_server_dyn.c" in text
+            and "PRTE has lost communication with a remote daemon" in text
+            and not os.path.isfile(out / "summary.json"))
+
+
 @pytest.mark.parametrize("mode", ["continue", "replace", pytest.param("spare", marks=SPARES_CASE)])
 def test_a_killed_rank_is_survived_under_slurm(slurm, mode):
     """`ON_FAILURE=continue`: train.sbatch starts the ranks with mpirun --with-ft ulfm inside the
@@ -220,11 +232,15 @@ def test_a_killed_rank_is_survived_under_slurm(slurm, mode):
     links; the run ends at 4 ranks. `spare`: replace with `SPARES=1`: ranks on node1-3 only, and
     the newcomer starts on node4, kept empty for it; the run ends at 3 ranks."""
     env, tmp = slurm
-    out, log = tmp / f"survive-{mode}", tmp / f"survive-{mode}.log"
-    extra = {"STEPS": "300", "OUT": str(out), "ON_FAILURE": "continue" if mode == "continue" else "replace",
-             "EXTRA": "--kill 2:100", "SPARES": "1" if mode == "spare" else "0"}
-    proc = sbatch(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log), extra=extra)
-    text = log.read_text() if log.exists() else ""
+    for attempt in ("", "-again"):
+        out, log = tmp / f"survive-{mode}{attempt}", tmp / f"survive-{mode}{attempt}.log"
+        extra = {"STEPS": "300", "OUT": str(out), "ON_FAILURE": "continue" if mode == "continue" else "replace",
+                 "EXTRA": "--kill 2:100", "SPARES": "1" if mode == "spare" else "0"}
+        proc = sbatch(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log), extra=extra)
+        text = log.read_text() if log.exists() else ""
+        if not (mode != "continue" and attempt == "" and launcher_lost_a_daemon_in_the_spawn(proc, text, out)):
+            break
+        print(f"({mode}) Open MPI's launcher lost a daemon during the spawn (docs/CLUSTER.md); the job once more")
     if mode != "continue" and proc.returncode != 0 and launcher_died_after_the_run(text, out):
         print(f"({mode}) the run ended, then Open MPI's launcher failed (exit {proc.returncode}; docs/CLUSTER.md)")
     else:
