@@ -81,13 +81,18 @@ def run(name, steps, ranks, case, folder, timeout):
     summary_path = os.path.join(folder, "summary.json")
     summary = json.load(open(summary_path)) if proc.returncode == 0 and os.path.exists(summary_path) else None
     dead_weight = None
-    for victim in victims:   # (a newcomer writes on in the dead rank's file: its last record before the kill)
+    for victim in victims:   # its last record before the kill (a newcomer writes on after it in the same file)
         metrics = os.path.join(folder, f"metrics-rank{victim}.jsonl")
         if os.path.exists(metrics):
-            records = [json.loads(line) for line in open(metrics) if line.strip()]
-            weighted = [r for r in records if "weights" in r and r["step"] < steps // 2]
-            if weighted:
-                dead_weight = (dead_weight or 0.0) + weighted[-1]["weights"][0]
+            last, before = None, -2
+            for line in open(metrics):
+                r = json.loads(line) if line.strip() else {}
+                if not r or r["step"] >= steps // 2 or r["step"] <= before:
+                    break
+                before = r["step"]
+                last = r.get("weights", [last])[0] if "weights" in r else last
+            if last is not None:
+                dead_weight = (dead_weight or 0.0) + last
     return proc, summary, dead_weight, seconds
 
 
@@ -101,17 +106,23 @@ def checks(name, summary, dead_weight, ranks, case):
     fail = bool(dead)
     if on_failure == "continue":
         out["one failure, survivors at the reduced size"] = (len(failures) == 1 and summary["world_size"] == ranks - 1)
-    if on_failure == "replace":
-        replaced = failures[0].get("replaced", {}) if len(failures) == 1 else {}
-        out["one failure, grown back to full size"] = (
-            len(failures) == 1 and len(failures[0]["ranks"]) == dead and summary["world_size"] == ranks
-            and replaced.get("ranks") == failures[0]["ranks"] and not replaced.get("refused"))
-        out["newcomers start as their donors"] = replaced.get("as_donor") is True
-        if name in PUSHSUM and dead >= ranks // 2:
-            out["heal rescaled (x, w)"] = min(replaced.get("scaled_by") or [1.0]) > 1
+    if on_failure == "replace":   # (ranks that drift, OSGP and AGP, may die apart: a failure each, replaced
+        # one by one, or together where the second died before the first was replaced: the growth's record
+        # is then the second failure's)
+        healed = [f["replaced"] for f in failures if f.get("replaced")]
+        out["the dead replaced, grown back to full size"] = (
+            bool(failures) and summary["world_size"] == ranks
+            and sorted(r for f in failures for r in f["ranks"]) == list(range(ranks - dead, ranks))
+            and sorted(r for h in healed for r in h["ranks"]) == list(range(ranks - dead, ranks))
+            and not any(h.get("refused") for h in healed))
+        out["newcomers start as their donors"] = bool(healed) and all(h.get("as_donor") is True for h in healed)
+        if name in PUSHSUM:   # half the ranks lost at once: the heal brings Σw back by a factor of 2 or more
+            out["heal rescaled (x, w) where half died at once"] = all(
+                min(h.get("scaled_by") or [1.0]) > 1 for f in failures if len(f["ranks"]) >= ranks // 2
+                for h in [f.get("replaced") or {}])
     if name in PUSHSUM:
         out["weights above 2^-11"] = summary.get("weight_min") is not None and summary["weight_min"] >= FLOOR
-        lost = failures[0].get("weight_lost", 0.0) if failures else 0.0
+        lost = sum(f.get("weight_lost", 0.0) for f in failures)   # (each death's loss; the dead ranks' own summed)
         accounted = weight_accounted(summary)
         out["exact mass"] = all(abs(s - accounted) < 1e-9 for s in summary["weight_sum"])
         if fail and dead_weight is not None:
@@ -121,8 +132,8 @@ def checks(name, summary, dead_weight, ranks, case):
 
 def table(rows, steps, ranks):
     lines = [f"# Soak: {steps} steps on {ranks} ranks, with and without a failure half way", "",
-             "| method | case | (x, w) scaled by | accuracy | steps/s | smallest weight | weight lost | dead ranks' own "
-             "| recovery (s) | checks |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| method | case | failures | (x, w) scaled by | accuracy | steps/s | smallest weight | weight lost | dead ranks' own "
+             "| recovery (s) | checks |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"] or {}
         f = (s.get("failures") or [{}])[0]
@@ -133,10 +144,13 @@ def table(rows, steps, ranks):
         said = ("no failure" if not dead else f"kill rank{'s' if dead > 1 else ''} "
                 f"{', '.join(str(v) for v in range(ranks - dead, ranks))} at {steps // 2}"
                 + (", replaced" if CASES[case][0] == "replace" else ""))
-        scaled = (f.get("replaced") or {}).get("scaled_by") or f.get("scaled_by")
-        lines.append(f"| {r['method']} | {said} | {fmt(min(scaled) if isinstance(scaled, list) else scaled, 'g')} "
+        scaled = None   # every rescale of (x, w): the recoveries' and the heals' (group 0)
+        for x in s.get("failures", []):
+            for c in (x.get("scaled_by"), ((x.get("replaced") or {}).get("scaled_by") or [None])[0]):
+                scaled = scaled if c is None else (scaled or 1.0) * c
+        lines.append(f"| {r['method']} | {said} | {len(s.get('failures', []))} | {fmt(scaled, 'g')} "
                      f"| {fmt(s.get('final_accuracy'), '.4f')} | {fmt(s.get('throughput_steps_s'), '.0f')} "
-                     f"| {fmt(s.get('weight_min'), '.3g')} | {fmt(f.get('weight_lost'), '.3f')} "
+                     f"| {fmt(s.get('weight_min'), '.3g')} | {fmt(sum(x.get('weight_lost', 0.0) for x in s.get('failures', [])) if f else None, '.3f')} "
                      f"| {fmt(r['dead_weight'], '.3f')} | {fmt(f.get('recovery_s', f.get('seconds')), '.3f')} "
                      f"| {'all pass' if all(r['checks'].values()) else 'FAILED: ' + ', '.join(k for k, v in r['checks'].items() if not v)} |")
     return "\n".join(lines) + "\n"

@@ -568,6 +568,33 @@ def test_training_grows_back_twice():
     assert s["final_accuracy"] >= 0.9 and s["rank_accuracy_min"] >= 0.9, s
 
 
+@pytest.mark.parametrize("algorithm", ["sgp", pytest.param("agp", marks=pytest.mark.train)])
+def test_a_second_failure_before_the_growth_is_replaced_with_the_first(tmp_path, algorithm):
+    """A rank dies after the survivors followed a failure and before they grew back (#45): rank 3
+    killed at step 100 of 300, rank 2 as the survivors begin to grow back
+    (MPIGOSSIP_KILL_BEFORE_GROW). The survivors learn it from their agreement on the step, train
+    on until the algorithm has followed the second death, then replace both ranks in one growth:
+    two failures recorded, the second's replacement naming ranks 2 and 3, 4 ranks at the end,
+    the mass accounted across both losses and the heal, every rank at 90%. Seen failing: the
+    agreement's collective met the death and the job aborted (AGP's ranks, which drift, met it so
+    in the soak); and the second death was numbered in the shrunk communicator (rank 2 of 3)."""
+    env = dict(os.environ, MPIGOSSIP_KILL_BEFORE_GROW="2")
+    proc, _ = run(["--with-ft", "ulfm", "-n", "4", "-x", "MPIGOSSIP_KILL_BEFORE_GROW", sys.executable, "-m",
+                   "mpigossip", "train", "--algorithm", algorithm, "--steps", "300", "--on-failure", "replace",
+                   "--kill", "3:100", "--quiet", "--timeout", "60", "--out", str(tmp_path)], timeout=240, env=env)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in text, text
+    s = json.load(open(tmp_path / "summary.json"))
+    assert [f["ranks"] for f in s["failures"]] == [[3], [2]], s["failures"]
+    first, second = s["failures"]
+    assert "replaced" not in first and second["replaced"]["ranks"] == [2, 3], s["failures"]
+    assert second["replaced"]["as_donor"] is True and not second["replaced"]["refused"], second
+    assert f"{algorithm}: ranks 2, 3 replaced: back at 4 ranks" in text, text
+    assert s["world_size"] == 4 and s["steps"] == 300, s
+    assert abs(s["weight_sum"][0] - weight_accounted(s)) < 1e-9 and 2 <= s["weight_sum"][0] <= 8, s
+    assert s["final_accuracy"] >= 0.9 and s["rank_accuracy_min"] >= (0.8 if algorithm == "agp" else 0.9), s
+
+
 def test_a_failure_during_the_heal_ends_the_run_with_a_named_error(tmp_path):
     """A second failure while the run grows back (#45 item 3): rank 1 dies inside the heal of
     rank 3's newcomer (MPIGOSSIP_KILL_IN_HEAL). The newcomer holds no state yet and the donors'

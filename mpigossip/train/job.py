@@ -252,7 +252,11 @@ class Run:
         self.failures_seen += 1
         # (replace) grow back once every survivor has reached the step after the last one at which one
         # followed the failure (OSGP and AGP let ranks drift: one behind catches up first)
-        self.lost, self.grow_pending = rec.lost, self.on_failure == "replace"
+        # the dead, numbered as when the algorithm was built (at the start, or the last growth: the
+        # numbers the newcomers take); with those of a failure followed before and not yet replaced
+        lost = list(self.failures[-1]["ranks"])
+        self.lost = sorted(set(self.lost) | set(lost)) if self.grow_pending else lost
+        self.grow_pending = self.on_failure == "replace"
         self.grow_at = max(int(s) for s in rec.shared) + 1
         event = self.failures[-1]
         if self.comm.Get_rank() == 0:

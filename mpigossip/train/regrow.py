@@ -53,6 +53,9 @@ REPLACE_WITH = "MPIGOSSIP_REPLACE_WITH"
 #: Test hook: ``MPIGOSSIP_KILL_IN_HEAL=R`` kills rank R of the grown communicator in the heal (a
 #: second failure during a replacement).
 KILL_IN_HEAL = "MPIGOSSIP_KILL_IN_HEAL"
+#: Test hook: ``MPIGOSSIP_KILL_BEFORE_GROW=R`` kills rank R of the launch (not a newcomer) as the
+#: survivors begin to grow back (a second failure before the first is replaced).
+KILL_BEFORE_GROW = "MPIGOSSIP_KILL_BEFORE_GROW"
 
 
 def grow_back(run, step):
@@ -60,14 +63,35 @@ def grow_back(run, step):
     next): replace the dead ranks and heal them (collective over the survivors, then over the
     grown communicator). Returns the step every rank goes on from: the survivors' largest (a
     method that lets ranks drift, OSGP or AGP, met the failure at different steps; the rebuilt
-    algorithm starts with its step counters equal on every rank)."""
-    run.grow_pending = False
+    algorithm starts with its step counters equal on every rank).
+
+    The algorithm is drained first (its state taken): where its drain is collective (AGP) a rank
+    that died since the failure was followed is met there, by the survivors together, and
+    followed (``run.lost`` then names it too; ranks that drift are in no other collective). One
+    that dies before the survivors agree on the step (met by some of them in the agreement, by
+    others not at all) puts the growth off: every survivor learns it from one
+    ``MPI_Comm_agree``, trains on until the algorithm has met the death and followed it, and
+    grows back then, all together."""
     t0 = time.perf_counter()
-    step = max(deadline.allgather(run.comm, int(step), timeout=run.timeout, op=OP))
+    if os.environ.get(KILL_BEFORE_GROW, "") == str(MPI.COMM_WORLD.Get_rank()) and not run.newcomer:
+        os.kill(os.getpid(), signal.SIGKILL)
+    state = checkpoint.state_of(run, step)   # (drains the algorithm first)
+    steps = None
+    try:
+        steps = deadline.allgather(run.comm, int(step), timeout=run.timeout, op=OP)
+    except MPI.Exception as exc:   # (Testall's class: ERR_IN_STATUS, the failure in the request's status)
+        if exc.Get_error_class() not in failures.FAILED | {MPI.ERR_IN_STATUS}:
+            raise
+    if not failures.agree(run.comm, steps is not None, timeout=run.timeout, op=OP):
+        run.grow_at = run.steps + 1   # until the algorithm has followed the new failure (Run._survive)
+        return step
+    assert steps is not None
+    run.grow_pending = False
+    step = max(steps)
     if step >= run.steps:   # nothing left to train: no newcomer
         run.failures[-1]["replaced"] = {"ranks": [], "skipped": "the run ended"}
         return step
-    state = checkpoint.state_of(run, step)   # (drains the algorithm first)
+    state["step"] = step
     run.algo.free()
     argv = os.environ.get(REPLACE_WITH, "").split() or None   # (tests: a program that cannot start)
     info = _placement(run)
