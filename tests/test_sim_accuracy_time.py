@@ -144,6 +144,25 @@ def test_time_to_accuracy_runs_the_mixing_the_time_model_found():
                             methods=["adpsgd"])
 
 
+def test_time_to_accuracy_takes_the_time_models_rows_made_before():
+    """``predictions``: the rows of an earlier predict (the steady state at 256 ranks takes tens
+    of minutes) are joined as if simulated now; a missing cell, or one made for another model
+    size, is refused by name."""
+    costs = Costs.load(CALIBRATION)
+    made = predict(costs, ranks=[4], rates_gbit=[0.05], per_node=2, mb=4, compute=0.05,
+                   methods=("allreduce", "agp"), steps=4, stragglers=(1.0,))
+    kw = dict(ranks=[4], rates_gbit=[0.05], per_node=2, mb=4, compute=0.05, methods=["allreduce", "agp"],
+              stragglers=(1.0,), sim_steps=40, lr=0.2, seeds=(0,), evals=20)
+    rows, _ = AT.time_to_accuracy(costs, small_problem, predictions=made, **kw)
+    direct, _ = AT.time_to_accuracy(costs, small_problem, time_steps=4, **kw)
+    assert [(r["method"], r["steps_per_s"], r["mixing"], r["seconds_to_target"]) for r in rows] == \
+        [(r["method"], r["steps_per_s"], r["mixing"], r["seconds_to_target"]) for r in direct]
+    with pytest.raises(ValueError, match="no row for allreduce at 4 ranks, 1 Gbit"):
+        AT.time_to_accuracy(costs, small_problem, predictions=made, **dict(kw, rates_gbit=[1]))
+    with pytest.raises(ValueError, match="made with 2 ranks a node, 4 MB"):
+        AT.time_to_accuracy(costs, small_problem, predictions=made, **dict(kw, mb=8))
+
+
 def test_the_accuracy_command_writes_table_json_and_map(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpigossip", "timemodel", "--costs", CALIBRATION, "--out",
                         str(tmp_path), "--tag", "t", "accuracy", "--ranks", "4", "8", "--per-node", "2",

@@ -166,24 +166,57 @@ def join(rows, accuracy):
 
 def time_to_accuracy(costs, problem_for, *, ranks, rates_gbit, per_node, mb, compute, methods,
                      stragglers=(1.0, 2.0), time_steps=10, sim_steps=1000, lr=0.05, seeds=(0,), drop=0.01,
-                     skew=0.0, evaluate="ranks", evals=50, progress=None):
+                     skew=0.0, evaluate="ranks", evals=50, progress=None, predictions=None):
     """The time model's rows (:func:`~.scaling.predict`) at each ``p`` and rate, each with the
     accuracy simulator's mixing for it (``scheme``, ``tau``, ``delay``, ``mixing``), its steps
-    to the target and the seconds they take (:func:`join`).
+    to the target and the seconds they take (:func:`join`). ``predictions``: rows
+    :func:`~.scaling.predict` made before (``timemodel predict``'s JSON), taken instead of
+    simulating again (:func:`taken_predictions`: every cell asked for must be there, made
+    with the same model size, compute and ranks per node).
 
     Returns:
         ``(rows, accuracy)``: ``accuracy`` as :func:`steps_to_target`'s.
     """
     for m in methods:
         mixing_of(m, ())   # an unknown method fails before any simulation
-    rows = predict(costs, ranks=sorted(ranks), rates_gbit=rates_gbit, per_node=per_node, mb=mb, compute=compute,
-                   methods=tuple(methods), steps=time_steps, stragglers=stragglers, progress=progress)
+    if predictions is not None:
+        rows = taken_predictions(predictions, ranks=sorted(ranks), rates_gbit=rates_gbit, per_node=per_node, mb=mb,
+                                 compute=compute, methods=methods, stragglers=stragglers)
+    else:
+        rows = predict(costs, ranks=sorted(ranks), rates_gbit=rates_gbit, per_node=per_node, mb=mb, compute=compute,
+                       methods=tuple(methods), steps=time_steps, stragglers=stragglers, progress=progress)
     assign_mixing(rows)
     settings = {(r["ranks"], r["scheme"], r["tau"], r["delay"], None if r["delays"] is None else tuple(r["delays"]))
                 for r in rows}
     accuracy = accuracy_steps(problem_for, settings, steps=sim_steps, lr=lr, seeds=seeds, drop=drop, evals=evals,
                               skew=skew, evaluate=evaluate, progress=progress)
     return join(rows, accuracy), accuracy
+
+
+def taken_predictions(predictions, *, ranks, rates_gbit, per_node, mb, compute, methods, stragglers):
+    """The rows of ``predictions`` (:func:`~.scaling.predict`'s) for each (ranks, rate,
+    straggler, method) asked for, copied, in :func:`~.scaling.predict`'s order. Raises
+    ValueError naming a cell that is missing, or one made with another model size, compute or
+    ranks per node."""
+    found = {}
+    for r in predictions:
+        found[(r["ranks"], float(r["rate_gbit"]), float(r["straggler"]), r["method"])] = r
+    rows = []
+    for p in ranks:
+        for rate in rates_gbit:
+            for factor in stragglers:
+                for m in methods:
+                    r = found.get((p, float(rate), float(factor), m))
+                    if r is None:
+                        raise ValueError(f"--predictions: no row for {m} at {p} ranks, {rate:g} Gbit, straggler "
+                                         f"x{factor:g} (make it with `timemodel predict`)")
+                    made = (r["per_node"], r["mb"], r["compute_s"])
+                    if not np.allclose(made, (per_node, mb, compute)):
+                        raise ValueError(f"--predictions: the row for {m} at {p} ranks, {rate:g} Gbit was made with "
+                                         f"{made[0]} ranks a node, {made[1]:g} MB, {made[2] * 1e3:g} ms of compute, "
+                                         f"not {per_node}, {mb:g} MB, {compute * 1e3:g} ms")
+                    rows.append(dict(r))
+    return rows
 
 
 def winners(rows):

@@ -63,6 +63,10 @@ def add_arguments(parser):
                      help="a reproduction's results.json whose timed runs (measured on a cluster: pass the "
                           "same --mb and --compute-ms as theirs) put the method first to their target on the map")
     acc.add_argument("--measured-gbit", type=float, default=1.0, help="the link rate they ran at (default: 1)")
+    acc.add_argument("--predictions", metavar="PREDICT_JSON", nargs="+",
+                     help="`timemodel predict` result files to take the time model's rows from instead of "
+                          "simulating again (every cell asked for must be in them, made with the same --mb, "
+                          "--compute-ms and --per-node)")
 
 
 def _cluster_arguments(parser, methods):
@@ -112,7 +116,8 @@ def main(args, problems=None):
             costs, problems[args.problem], ranks=args.ranks, rates_gbit=args.rate_gbit, per_node=args.per_node,
             mb=args.mb, compute=args.compute_ms / 1e3, methods=args.methods, stragglers=tuple(args.stragglers),
             time_steps=args.steps, sim_steps=args.sim_steps, lr=args.lr, seeds=tuple(args.seeds), drop=args.drop,
-            skew=args.skew, evaluate=args.evaluate, progress=progress)
+            skew=args.skew, evaluate=args.evaluate, progress=progress,
+            predictions=_predictions(args.predictions) if args.predictions else None)
         name = problems[args.problem](args.seeds[0]).name
         text = (f"Accuracy simulator: {name} on the {args.problem.split('-')[0]} data, plain SGD, batch 16 per rank, "
                 f"lr {args.lr:g}, {args.sim_steps} steps, seeds {', '.join(map(str, args.seeds))}, "
@@ -151,6 +156,14 @@ def main(args, problems=None):
                     f"`{args.costs}` (measured at {meta['calibration_meta'].get('commit', '?')}): "
                     f"`{meta['command']}`\n\n{figure}{text}\n")
     return 0
+
+
+def _predictions(paths):
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += json.load(f)["rows"]
+    return rows
 
 
 #: The reproduction's timed cases, as the time model's straggler factors.
