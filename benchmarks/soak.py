@@ -150,7 +150,7 @@ def table(rows, steps, ranks):
                 scaled = scaled if c is None else (scaled or 1.0) * c
         lines.append(f"| {r['method']} | {said} | {len(s.get('failures', []))} | {fmt(scaled, 'g')} "
                      f"| {fmt(s.get('final_accuracy'), '.4f')} | {fmt(s.get('throughput_steps_s'), '.0f')} "
-                     f"| {fmt(s.get('weight_min'), '.3g')} | {fmt(sum(x.get('weight_lost', 0.0) for x in s.get('failures', [])) if f else None, '.3f')} "
+                     f"| {fmt(s.get('weight_min'), '.3g')} | {fmt(sum(x['weight_lost'] for x in s['failures']) if 'weight_lost' in f else None, '.3f')} "
                      f"| {fmt(r['dead_weight'], '.3f')} | {fmt(f.get('recovery_s', f.get('seconds')), '.3f')} "
                      f"| {'all pass' if all(r['checks'].values()) else 'FAILED: ' + ', '.join(k for k, v in r['checks'].items() if not v)} |")
     return "\n".join(lines) + "\n"

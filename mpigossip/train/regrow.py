@@ -182,9 +182,11 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
         plan = heal.donors([None if r in newcomers else 1.0 for r in range(comm.Get_size())],
                            newcomers) if newcomers else {}
     given = None
-    if not new:   # (the numerators went by split; the parameters are x / w, rebuilt from them by the load)
-        given = dict(state, algo=_without_numerators(state["algo"]), model=_without_parameters(state["model"], run.model)
-                     ) if mixing else state
+    if not new and mixing:   # (the numerators went by split; the parameters are x / w, rebuilt from them by the load)
+        given = dict(state, algo=_without_numerators(state["algo"]),
+                     model=_without_parameters(state["model"], run.model))
+    elif not new:
+        given = state
     t_hand = time.perf_counter()
     received = heal.handover(given, comm=comm, plan=plan, timeout=run.timeout, op=OP)
     parts["handover_s"] = time.perf_counter() - t_hand
