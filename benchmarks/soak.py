@@ -90,7 +90,8 @@ def run(name, steps, ranks, case, folder, timeout):
                 if not r or r["step"] >= steps // 2 or r["step"] <= before:
                     break
                 before = r["step"]
-                last = r.get("weights", [last])[0] if "weights" in r else last
+                if "weights" in r:
+                    last = r["weights"][0]
             if last is not None:
                 dead_weight = (dead_weight or 0.0) + last
     return proc, summary, dead_weight, seconds

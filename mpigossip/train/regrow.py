@@ -217,10 +217,10 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
     gathered = deadline.allgather(comm, (record, socket.gethostname(), _digest(run.model)), timeout=run.timeout, op=OP)
     run.hosts = [host for _, host, _ in gathered]
     # z unchanged by the split and the handover: each newcomer's parameters are its donor's, bit for bit
-    record["as_donor"] = all(gathered[n][2] == gathered[d][2] for n, d in plan.items())
+    as_donor = all(gathered[n][2] == gathered[d][2] for n, d in plan.items())
     # the first survivor's record (a newcomer, rank 0 too when rank 0 died, timed nothing), where each newcomer runs
     first = min(r for r in range(comm.Get_size()) if r not in newcomers)
-    record = dict(gathered[first][0], as_donor=record["as_donor"], hosts={str(r): run.hosts[r] for r in newcomers},
+    record = dict(gathered[first][0], as_donor=as_donor, hosts={str(r): run.hosts[r] for r in newcomers},
                   heal_parts={k: max(g[0]["heal_parts"].get(k, 0.0) for g in gathered) for k in parts})  # the slowest rank's
     run.failures[-1]["replaced"] = record
     run.evaluate = Evaluator(run.eval_model, run.x_test, run.y_test, comm=comm, timeout=run.timeout)
