@@ -91,6 +91,10 @@ def build_parser():
                      help="take the accuracy runs from an earlier reproduction's results.json (same mode and "
                      "dataset) and run only the timed runs and the simulator: a change to communication re-measured "
                      "without the hour of accuracy runs")
+    rep.add_argument("--timed-from", metavar="RESULTS_JSON",
+                     help="take the timed runs from an earlier reproduction's results.json (same mode and dataset) "
+                     "instead of launching them: with --accuracy-from, only the simulator and the time model run "
+                     "(a change to them re-made in minutes, without the cluster)")
     commands["timemodel"] = tm = sub.add_parser(
         "timemodel", help="the time model (mpigossip.sim): validate it against P4, predict at scale")
     from .sim import cli as sim_cli

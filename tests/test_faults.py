@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from mpigossip.resilience import failures
 from mpigossip.train.regrow import weight_accounted
 
 pytestmark = pytest.mark.faults   # a timed step of its own (tests/run.sh); the training cases run in the train step
@@ -433,6 +434,30 @@ def test_survivors_leave_only_once_their_last_messages_are_out():
                  if line.startswith("exit_drain: ")]
         assert len(found) == 5 and all(s["ok"] for s in found), proc.stdout + proc.stderr
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+COLLECTIVE_FAILURE = os.path.join(HERE, "scripts", "collective_failure.py")
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["one-death", "a-death-in-the-shrink"])
+def test_a_collective_that_meets_a_death_reports_the_failure_not_err_in_status(second):
+    """A deadline collective (``deadline.allgather``: a nonblocking collective under
+    ``MPI_Testall``) that meets a dead rank raises the failure's own class on every survivor
+    (``MPI_ERR_PROC_FAILED`` or ``MPI_ERR_REVOKED``), not ``MPI_ERR_IN_STATUS``; so a second
+    death while the survivors exchange their step in ``failures.shrink`` makes them shrink
+    again, where it ended the job before (tests/scripts/collective_failure.py; the second:
+    ``MPIGOSSIP_CRASH_IN_RECOVERY=2:exchange``)."""
+    env = dict(os.environ, **({failures.CRASH_IN_RECOVERY: "2:exchange"} if second else {}))
+    n = 5 if second else 4
+    proc, _ = run(["--with-ft", "ulfm", "-n", str(n), *(["-x", failures.CRASH_IN_RECOVERY] if second else []),
+                   sys.executable, COLLECTIVE_FAILURE], timeout=60, env=env)
+    out = proc.stdout + proc.stderr
+    rows = [json.loads(line.split("collective_failure: ", 1)[1]) for line in proc.stdout.splitlines()
+            if line.startswith("collective_failure: ")]
+    lost = [2, 4] if second else [3]
+    assert len(rows) == n - len(lost), out
+    assert all(r["as_failure"] and r["lost"] == lost and r["size"] == n - len(lost) for r in rows), out
+    assert proc.returncode == 0, out
 
 
 GROW = os.path.join(HERE, "scripts", "grow.py")

@@ -191,6 +191,49 @@ def test_accuracy_from_reuses_only_this_modes_grid(tmp_path):
     assert not (tmp_path / "r" / "jobs.log").read_text()  # nothing launched
 
 
+def test_timed_from_reuses_every_case_and_repeat_and_says_where_they_ran(tmp_path):
+    """--timed-from: an earlier run's timed records are taken only if every case and repeat of
+    the mode is there at its size and steps; where they ran comes from the file's record, or
+    for an older file from the report written beside it; anything else is refused (exit 1)."""
+    from mpigossip import reproduce
+    from mpigossip.reproduce import experiments as E
+    quick = E.for_problem(E.SETTINGS["quick"], "fashion-mnist")
+    timed = [{"case": case, "repeat": k, "world_size": quick["timed_size"], "steps": quick["timed_steps"],
+              "algorithm": "allreduce"} for case in quick["timed_cases"] for k in range(quick["timed_repeats"])]
+    line = "- timed runs: `tests/cluster/mpiexec` (emulated cluster: 4 nodes), 8 ranks"
+    on = {"line": line, "on_cluster": True}
+    new = tmp_path / "new" / "results.json"
+    new.parent.mkdir()
+    new.write_text(json.dumps({"timed_runs": timed, "timed_on": on}))
+    assert reproduce.reused_timed_runs(str(new), quick) == (timed, on)
+    old = tmp_path / "old" / "results.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps({"timed_runs": timed}))
+    with pytest.raises(ValueError, match="does not say where"):
+        reproduce.reused_timed_runs(str(old), quick)
+    (old.parent / "report.md").write_text("# report\n\n" + line + "\n- simulator: ...\n")
+    assert reproduce.reused_timed_runs(str(old), quick) == (timed, on)
+    (old.parent / "report.md").write_text(line.replace("(emulated cluster: 4 nodes)", "(this machine)")
+                                          + " (on this machine: communication is nearly free here)\n")
+    assert reproduce.reused_timed_runs(str(old), quick)[1]["on_cluster"] is False
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"timed_runs": timed[1:], "timed_on": on}))
+    with pytest.raises(ValueError, match="not this mode's"):
+        reproduce.reused_timed_runs(str(short), quick)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"timed_runs": [dict(r, steps=r["steps"] + 1) for r in timed], "timed_on": on}))
+    with pytest.raises(ValueError, match="not this mode's"):
+        reproduce.reused_timed_runs(str(other), quick)
+    grid = [{"world_size": p, "lr": lr, "seed": seed, "steps": quick["steps"], "curve": []}
+            for p in quick["sizes"] for lr in quick["lrs"] for seed in quick["seeds"]]
+    short.write_text(json.dumps({"accuracy_runs": grid, "timed_runs": timed[1:], "timed_on": on}))
+    p = subprocess.run([sys.executable, "-m", "mpigossip", "reproduce", "--quick", "--out", str(tmp_path / "r"),
+                        "--accuracy-from", str(short), "--timed-from", str(short), "--mpiexec", "false"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 1 and "--timed-from" in p.stderr and "not this mode's" in p.stderr, p.stderr
+    assert not (tmp_path / "r" / "jobs.log").read_text()  # nothing launched
+
+
 def test_reproduce_reports_a_failed_job(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpigossip", "reproduce", "--quick", "--out", str(tmp_path),
                         "--mpiexec", "false"], capture_output=True, text=True, timeout=120, cwd=ROOT)

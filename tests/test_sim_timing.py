@@ -65,6 +65,74 @@ def test_flows_of_different_units_share_a_pool_by_their_own_pace():
     assert ends == [pytest.approx(1.5), pytest.approx(1.5)]
 
 
+class _OneGroup(Fabric):
+    """Every resource in one group from the first flow on: each change reshares every flow (how
+    the engine shared before its groups)."""
+
+    def _join(self, index):
+        return super()._join(list(range(len(self._cap))))
+
+
+def _random_flows(fabric, seed):
+    """Flows over random resources (one, or two or three of a zone's; weights, caps) started at
+    random times, and after 20 s some that join two zones: groups form, then merge while flows
+    are under way. Returns each flow's end time, by flow, and the groups at 15 s."""
+    import random
+    rng = random.Random(seed)
+    names = list(fabric.capacity)
+    zones = [names[i::4] for i in range(4)]
+    ends, seen = {}, []
+
+    def start(i):
+        zone = rng.choice(zones)
+        if fabric.engine.now > 20 and rng.random() < 0.3:
+            zone = zone + rng.choice(zones)
+        chosen = rng.sample(zone, rng.choice([1, 1, 2, 3]))
+        uses = {n: rng.choice([1.0, 0.5, 2e-3]) for n in chosen}
+        kw = {"cap": rng.choice([math.inf, math.inf, 3.0, 40.0]), "latency": rng.choice([0.0, 1e-3])}
+        fabric.transfer(rng.uniform(1, 200), uses, **kw).then(lambda _, i=i: ends.__setitem__(i, fabric.engine.now))
+    for i in range(300):
+        fabric.engine.call_at(rng.uniform(0, 30), start, i)
+    fabric.engine.call_at(15, lambda: seen.append(len({fabric._find(r) for r in range(len(names))})))
+    fabric.engine.run()
+    return ends, seen[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sharing_by_groups_gives_the_rates_of_sharing_everything(seed):
+    """The engine reshares only the group of resources a change reaches (resources joined by
+    the flows that crossed them). Max-min fairness of one group does not depend on another's
+    flows, so every flow ends when it would with every flow shared together, while groups form
+    and merge mid-run."""
+    capacity = {**{f"link{i}": 100.0 + 10 * i for i in range(8)}, **{f"cpu{i}": 2.0 for i in range(4)}}
+    grouped = Fabric(Engine(), capacity)
+    ends, groups = _random_flows(grouped, seed)
+    assert groups >= 4 and len({grouped._find(r) for r in range(len(capacity))}) < groups   # formed, then merged
+    whole = _OneGroup(Engine(), capacity)
+    assert _random_flows(whole, seed)[0] == pytest.approx(ends, rel=1e-9, abs=1e-12)
+    assert len(ends) == 300
+
+
+def test_a_change_in_one_group_leaves_the_others_rates_alone():
+    """A core pool's task starting and ending does not reshare an unrelated link's flows: the
+    link's flow keeps the rate it has (the sharing's cost at 1,024 ranks is the number of
+    flows each change reshares)."""
+    e = Engine()
+    f = Fabric(e, {"up0": 100.0, "down1": 100.0, "cpu0": 1.0})
+    resharing = []
+    real = Fabric._rates
+
+    def counting(self):
+        resharing.append(sorted(self._dirty))
+        real(self)
+    f._rates = counting.__get__(f)
+    ends = finish_times(f, [(100, ["up0", "down1"], {}), (0.5, ["cpu0"], {"cap": 1.0, "latency": 0.2})])
+    assert ends == [pytest.approx(1.0), pytest.approx(0.7)]
+    groups = [g for g in resharing if g]
+    link, cpu = f._find(0), f._find(2)
+    assert link != cpu and [link] in groups and [cpu] in groups and [link, cpu] not in groups
+
+
 def test_nothing_is_scheduled_in_the_past():
     e = Engine()
     e.call_at(1.0, lambda: None)

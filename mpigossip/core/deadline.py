@@ -106,8 +106,24 @@ def wait(requests, *, comm, timeout, op, peer=None):
         requests = [requests]
     if not requests:
         return
-    wait_until(lambda: MPI.Request.Testall(requests), comm=comm, timeout=timeout, op=op,
-               peer=naming(requests, peer))
+    wait_until(lambda: testall(requests), comm=comm, timeout=timeout, op=op, peer=naming(requests, peer))
+
+
+def testall(requests):
+    """``MPI_Testall`` of ``requests``: whether all have completed. Where one completed in
+    error the exception raised is that request's own error (a failed peer's
+    ``MPI_ERR_PROC_FAILED``, say), not ``MPI_ERR_IN_STATUS``, which only says "look in the
+    statuses": a caller that tells a failed peer from other errors sees one class either way."""
+    statuses = [MPI.Status() for _ in requests]
+    try:
+        return MPI.Request.Testall(requests, statuses)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() == MPI.ERR_IN_STATUS:
+            for status in statuses:
+                err = status.Get_error()
+                if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                    raise MPI.Exception(err) from None
+        raise
 
 
 def naming(requests, peer):

@@ -35,7 +35,22 @@ def main(args):
     def progress(message):
         print(f"[{time.perf_counter() - t0:6.0f} s] {message}", flush=True)
 
+    def shown(cmd):  # a launcher inside the working folder as a relative path: the report is read elsewhere
+        first = cmd[0]
+        if os.path.isabs(first) and first.startswith(os.getcwd() + os.sep):
+            first = os.path.relpath(first)
+        return shlex.join([first] + list(cmd[1:]))
+
     timed_error = None
+    timed_on = {"line": (
+        f"- timed runs: `{shown(timed_mpiexec)}` ({setup.cluster(timed_mpiexec)}), {setting['timed_size']} ranks, "
+        + ("CNN width 64" if args.dataset == "cifar10" else f"MLP width {setting['timed_width']}")
+        + f", lr {setting['timed_lr']:g}, {setting['timed_steps']} steps, fixed compute model: every step sleeps "
+        f"{setting['timed_compute_ms']:g} ms (x2 on the straggler), cases "
+        f"{', '.join(setting['timed_cases'])}, {setting['timed_repeats']} interleaved repeat(s); ms/step and "
+        "time to accuracy exclude evaluations"
+        + ("" if args.timed_mpiexec else " (on this machine: communication is nearly free here)")),
+        "on_cluster": bool(args.timed_mpiexec)}
     with open(os.path.join(args.out, "jobs.log"), "a" if args.resume else "w") as log:
         try:
             if args.accuracy_from:
@@ -48,9 +63,18 @@ def main(args):
         except (RuntimeError, ValueError) as exc:
             print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
             return 1
+        timed_from = getattr(args, "timed_from", None)
         try:
-            timed = experiments.timed_runs(experiments.Launcher(timed_mpiexec, log, timeout=args.timeout, resume=args.resume),
-                                           args.out, setting, progress, flags)
+            if timed_from:
+                timed, timed_on = reused_timed_runs(timed_from, setting)
+                progress(f"timed runs: {len(timed)} reused from {timed_from}")
+            else:
+                timed = experiments.timed_runs(
+                    experiments.Launcher(timed_mpiexec, log, timeout=args.timeout, resume=args.resume),
+                    args.out, setting, progress, flags)
+        except ValueError as exc:
+            print(f"python -m mpigossip reproduce: error: {exc}", file=sys.stderr, flush=True)
+            return 1
         except RuntimeError as exc:  # the report is still written, without them; exit status 1
             timed, timed_error = [], str(exc)
             print(f"python -m mpigossip reproduce: error: {exc}; the report has no timed runs",
@@ -70,18 +94,13 @@ def main(args):
                              "links")
         else:
             progress(f"time model: no calibration at {calibration}: (d-sim) without times")
-    judged = findings.judge(records, timed, sim_records, timed_on_cluster=bool(args.timed_mpiexec),
-                            sim_speeds=speeds, speed_setting=speed_setting)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"accuracy_runs": records, "timed_runs": timed, "simulator": sim_records,
-                   "simulator_speeds": speeds, "consensus_curves": curves}, f)
     minutes = (time.perf_counter() - t0) / 60
 
-    def shown(cmd):  # a launcher inside the working folder as a relative path: the report is read elsewhere
-        first = cmd[0]
-        if os.path.isabs(first) and first.startswith(os.getcwd() + os.sep):
-            first = os.path.relpath(first)
-        return shlex.join([first] + list(cmd[1:]))
+    judged = findings.judge(records, timed, sim_records, timed_on_cluster=timed_on["on_cluster"],
+                            sim_speeds=speeds, speed_setting=speed_setting)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"accuracy_runs": records, "timed_runs": timed, "timed_on": timed_on, "simulator": sim_records,
+                   "simulator_speeds": speeds, "consensus_curves": curves}, f)
 
     shown_flags = " ".join(os.path.basename(a) if os.path.isabs(a) else a for a in flags)  # no machine paths
     command = [os.path.basename(a) if os.path.isabs(a) else a for a in sys.argv[2:]]
@@ -97,13 +116,7 @@ def main(args):
               f"momentum 0.9, batch 32 per rank; problem: `{shown_flags}`"
               + (" (10 classes of 8 Gaussian clusters, 20% noisy training labels)" if args.dataset == "synthetic"
                  else ""),
-              f"- timed runs: `{shown(timed_mpiexec)}` ({setup.cluster(timed_mpiexec)}), {setting['timed_size']} ranks, "
-              + ("CNN width 64" if args.dataset == "cifar10" else f"MLP width {setting['timed_width']}")
-              + f", lr {setting['timed_lr']:g}, {setting['timed_steps']} steps, fixed compute model: every step sleeps "
-              f"{setting['timed_compute_ms']:g} ms (x2 on the straggler), cases "
-              f"{', '.join(setting['timed_cases'])}, {setting['timed_repeats']} interleaved repeat(s); ms/step and "
-              "time to accuracy exclude evaluations"
-              + ("" if args.timed_mpiexec else " (on this machine: communication is nearly free here)"),
+              timed_on["line"],
               f"- simulator: softmax regression on the synthetic data, plain SGD, batch 16, {setting['sim_steps']} steps, "
               f"lr {', '.join(map(str, simulate.SIM_LRS))}",
               "- verdicts: computed by the rule stated under each finding (mpigossip/reproduce/findings.py)"]
@@ -114,7 +127,11 @@ def main(args):
                        "reproduce` (README, \"Reproducing the papers\")."]
     if args.accuracy_from:
         header.append(f"- **the accuracy runs are reused** from `{os.path.basename(args.accuracy_from)}` of an earlier "
-                      "run (`--accuracy-from`): the commit above made the timed runs and the simulator only")
+                      "run (`--accuracy-from`): the commit above made "
+                      + ("the simulator and the time model only" if timed_from else "the timed runs and the simulator only"))
+    if timed_from:
+        header.append(f"- **the timed runs are reused** from `{os.path.basename(timed_from)}` of an earlier run "
+                      "(`--timed-from`; the line above is that run's)")
     if timed_error:
         header.append(f"- **the timed runs failed**: {timed_error}")
     path = report.write(args.out, findings=judged, records=records, timed=timed, sim_records=sim_records,
@@ -123,6 +140,38 @@ def main(args):
     for f in judged:
         print(f"  ({f.key}) {f.verdict}: {f.claim}")
     return 1 if timed_error else 0
+
+
+def reused_timed_runs(path, setting):
+    """The timed runs of an earlier ``results.json`` and where they ran (``{"line": the report's
+    line on them, "on_cluster": bool}``; for a file older than that record, its report's line
+    beside it); ``ValueError`` unless they hold every case and repeat of ``setting`` at its size
+    and steps."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        timed = data["timed_runs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--timed-from {path}: not a reproduction's results.json ({exc})") from None
+    have = {(r.get("case"), r.get("repeat")) for r in timed
+            if r.get("world_size") == setting["timed_size"] and r.get("steps") == setting["timed_steps"]}
+    want = {(case, repeat) for case in setting["timed_cases"] for repeat in range(setting["timed_repeats"])}
+    if not timed or not want <= have:
+        raise ValueError(f"--timed-from {path}: its timed runs are not this mode's ({setting['timed_size']} ranks, "
+                         f"{setting['timed_steps']} steps, cases {', '.join(setting['timed_cases'])} x "
+                         f"{setting['timed_repeats']} repeats)")
+    timed_on = data.get("timed_on")
+    if not timed_on:
+        line = None
+        try:
+            with open(os.path.join(os.path.dirname(path), "report.md")) as f:
+                line = next((x.rstrip("\n") for x in f if x.startswith("- timed runs: ")), None)
+        except OSError:
+            pass
+        if line is None:
+            raise ValueError(f"--timed-from {path}: it does not say where its timed runs ran (no report.md beside it)")
+        timed_on = {"line": line, "on_cluster": "on this machine: communication is nearly free" not in line}
+    return timed, timed_on
 
 
 def reused_accuracy_runs(path, setting):

@@ -93,16 +93,6 @@ def note_recovered(comm: MPI.Comm | None = None) -> None:
         _live[0] = comm
 
 
-def _error_class(exc, statuses):
-    cls = exc.Get_error_class()
-    if cls == MPI.ERR_IN_STATUS and statuses:  # the class of the first request that failed
-        for status in statuses:
-            err = status.Get_error()
-            if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
-                return MPI.Get_error_class(err)
-    return cls
-
-
 #: Open MPI's TCP eager limit when nothing sets it (``btl_tcp_eager_limit``).
 TCP_EAGER_DEFAULT = 64 << 10
 #: Sets the most bytes a fault-tolerant path sends in one message (see :func:`chunk_bytes`).
@@ -338,14 +328,8 @@ def test(requests: Sequence[MPI.Request], op: str) -> bool:
     whether all have completed; raises :class:`PeerFailure` when a peer has failed or the
     communicator was revoked. Requests whose outcomes matter one by one (a message's parts,
     tested again after a failure) go in a :class:`Message`."""
-    statuses = [MPI.Status() for _ in requests]
-    try:
-        return MPI.Request.Testall(requests, statuses)
-    except MPI.Exception as exc:
-        cls = _error_class(exc, statuses)
-        if cls in FAILED:
-            raise PeerFailure(op, cls) from None
-        raise
+    with raised_as_failure(op):
+        return deadline.testall(requests)
 
 
 @contextlib.contextmanager
@@ -390,7 +374,8 @@ class Recovery:
 
 
 #: Test hook: ``MPIGOSSIP_CRASH_IN_RECOVERY=R`` makes world rank R die (SIGKILL) in its first
-#: recovery, right after the survivors' exchange and before their agreement on it.
+#: recovery, right after the survivors' exchange and before their agreement on it;
+#: ``R:exchange``, after the shrink and before the exchange (the others' exchange meets it).
 CRASH_IN_RECOVERY = "MPIGOSSIP_CRASH_IN_RECOVERY"
 
 
@@ -421,6 +406,7 @@ def shrink(comm: MPI.Comm, step: int, *, timeout: float, op: str, share: Any = N
         lost += [original[r] for r in sorted(set(range(comm.Get_size())) - set(kept))]
         original = [original[r] for r in kept]
         keep(comm)
+        _crash_hook("exchange")
         gathered = None
         try:
             gathered = deadline.allgather(new, (int(step), share), timeout=timeout,
@@ -428,7 +414,7 @@ def shrink(comm: MPI.Comm, step: int, *, timeout: float, op: str, share: Any = N
         except MPI.Exception as exc:   # another rank failed meanwhile
             if exc.Get_error_class() not in FAILED:
                 raise
-        _crash_hook()
+        _crash_hook("agreement")
         if agree(new, gathered is not None, timeout=timeout, op=op):
             assert gathered is not None   # this rank agreed with True
             _live[0] = new
@@ -449,9 +435,9 @@ def agree(comm: MPI.Comm, ok: bool, *, timeout: float, op: str) -> bool:
         return False
 
 
-def _crash_hook():
-    value = os.environ.get(CRASH_IN_RECOVERY)
-    if value and int(value) == MPI.COMM_WORLD.Get_rank():
+def _crash_hook(where):
+    rank, _, point = os.environ.get(CRASH_IN_RECOVERY, "").partition(":")
+    if rank and int(rank) == MPI.COMM_WORLD.Get_rank() and (point or "agreement") == where:
         os.kill(os.getpid(), 9)
 
 

@@ -16,7 +16,11 @@ value, when that event fires::
 A :meth:`Fabric.transfer` is work (bytes, or CPU-seconds) over a set of resources, each with
 a capacity per second; every transfer in progress gets its max-min fair share of each
 resource it crosses (and at most its own ``cap``), recomputed whenever one starts or ends:
-two flows through one link each get half of it, a flow alone gets all of it.
+two flows through one link each get half of it, a flow alone gets all of it. The sharing is
+recomputed only among the resources a change can reach: resources join a group once a flow
+crosses two of them (a message's uplink and downlink; a core pool alone stays its own), and
+max-min fairness in one group does not depend on another's flows, so a CPU flow starting
+on one node's cores does not reshare every link of the cluster.
 """
 
 import heapq
@@ -149,6 +153,9 @@ class Fabric:
         self._fi = np.zeros(0, dtype=np.intp)   # per incidence: the flow's position
         self._ri = np.zeros(0, dtype=np.intp)   # the resource's
         self._w = np.zeros(0)                   # the units of the resource per unit of the flow
+        self._g = np.zeros(0, dtype=np.intp)    # per flow: its group (a resource's index)
+        self._parent = list(range(len(self._names)))   # the groups, as a union-find over resources
+        self._dirty = set()                     # groups whose flows changed since the last sharing
         self._last = 0.0
         self._version = 0
         self._pending = False
@@ -179,8 +186,11 @@ class Fabric:
 
         def start():
             self._advance()
+            group = self._join(index)
             n = len(self._events)
             self._events.append(done)
+            self._g = np.append(self._g, group)
+            self._dirty.add(group)
             self._left = np.append(self._left, float(amount))
             self._rate = np.append(self._rate, 0.0)
             self._solo = np.append(self._solo, min(cap, self._cap[index[0]] / w[0]))
@@ -190,6 +200,28 @@ class Fabric:
             self._changed()
         self.engine.call_at(self.engine.now + latency, start)
         return done
+
+    def _find(self, r):
+        parent = self._parent
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    def _join(self, index):
+        """Put the resources ``index`` in one group (and the flows of the groups it merges);
+        returns the group."""
+        roots = {self._find(int(r)) for r in index}
+        group = min(roots)
+        for r in roots - {group}:
+            self._parent[r] = group
+            merged = self._g == r
+            if merged.any():
+                self._g[merged] = group
+            if r in self._dirty:
+                self._dirty.discard(r)
+                self._dirty.add(group)
+        return group
 
     def _advance(self):
         """Move every flow on by its rate since the last change."""
@@ -206,28 +238,45 @@ class Fabric:
         through a full resource are fixed. Flows over the same first resource (the transfers
         out of one link) share max-min fairly as usual; flows of different units, bytes over a
         link and CPU-seconds on a core pool, share a pool by the same fraction of their pace."""
-        n, nres = len(self._events), len(self._cap)
+        nres = len(self._cap)
+        dirty, self._dirty = self._dirty, set()
+        if not len(self._events) or not dirty:
+            return
+        changed = np.zeros(nres, dtype=bool)
+        changed[list(dirty)] = True
+        mine = changed[self._g]   # the flows whose sharing may have changed
+        if mine.all():
+            fi, ri, w, solo = self._fi, self._ri, self._w, self._solo
+        else:
+            inc = mine[self._fi]
+            fi = (np.cumsum(mine) - 1)[self._fi[inc]]
+            ri, w, solo = self._ri[inc], self._w[inc], self._solo[mine]
+        n = len(solo)
         if not n:
             return
-        fi, ri, w, solo = self._fi, self._ri, self._w, self._solo
+        # the resources these flows cross, numbered 0..k-1: every pass below is over them only
+        res, ri = np.unique(ri, return_inverse=True)
+        nres = len(res)
+        ws = w * solo[fi]   # a flow's load on a resource per unit of the level
         rate = np.zeros(n)
-        left = self._cap.copy()
+        left = self._cap[res]
         unfixed = np.ones(n, dtype=bool)
-        while unfixed.any():
-            load = np.bincount(ri, w * solo[fi] * unfixed[fi], minlength=nres)  # per unit of the level
+        while True:
+            load = np.bincount(ri, ws * unfixed[fi], minlength=nres)
             used = load > 0
-            ratio = np.full(nres, np.inf)
-            ratio[used] = left[used] / load[used]
+            ratio = np.divide(left, load, out=np.full(nres, np.inf), where=used)
             level = min(float(ratio.min()), 1.0)
             if level >= 1.0:
-                fixed = unfixed
-            else:
-                full = used & (ratio <= level * (1 + 1e-12))
-                fixed = unfixed & (np.bincount(fi, full[ri].astype(float), minlength=n) > 0)
+                rate[unfixed] = solo[unfixed]
+                break
+            full = used & (ratio <= level * (1 + 1e-12))
+            fixed = unfixed & (np.bincount(fi, full[ri], minlength=n) > 0)
             rate[fixed] = level * solo[fixed]
             left = np.maximum(0.0, left - np.bincount(ri, w * rate[fi] * fixed[fi], minlength=nres))
-            unfixed = unfixed & ~fixed
-        self._rate = rate
+            unfixed &= ~fixed
+            if not unfixed.any():
+                break
+        self._rate[mine] = rate
 
     def _changed(self):
         """The flows changed: share anew once this instant's changes are in (flows starting
@@ -258,7 +307,9 @@ class Fabric:
         if done:
             keep = ~finished
             self._events = [e for e, f in zip(self._events, flags) if not f]
+            self._dirty.update(self._g[finished].tolist())
             self._left, self._rate, self._solo = self._left[keep], self._rate[keep], self._solo[keep]
+            self._g = self._g[keep]
             inc = keep[self._fi]
             renumber = np.cumsum(keep) - 1
             self._fi = renumber[self._fi[inc]]

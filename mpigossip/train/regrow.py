@@ -79,8 +79,8 @@ def grow_back(run, step):
     steps = None
     try:
         steps = deadline.allgather(run.comm, int(step), timeout=run.timeout, op=OP)
-    except MPI.Exception as exc:   # (Testall's class: ERR_IN_STATUS, the failure in the request's status)
-        if exc.Get_error_class() not in failures.FAILED | {MPI.ERR_IN_STATUS}:
+    except MPI.Exception as exc:
+        if exc.Get_error_class() not in failures.FAILED:
             raise
     if not failures.agree(run.comm, steps is not None, timeout=run.timeout, op=OP):
         run.grow_at = run.steps + 1   # until the algorithm has followed the new failure (Run._survive)
