@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Open MPI's TCP progress thread at a slow link (root): the P4 benchmark on two emulated nodes of
+# one rank each, with `btl_tcp_progress_thread` on and off, alternated run by run, then the time
+# model's prediction beside them (the model has no progress thread: it predicts the same for both).
+#
+#   bash benchmarks/progress_thread.sh [RATE] [OUT_DIR]   # default 100mbit, benchmarks/results
+#
+# Writes OUT_DIR/progress-thread-RATE.{json,md}. P4_REPEATS (2) pairs of runs, P4_STEPS (20) steps,
+# P4_ALGORITHMS (allreduce sgp osgp:4), a 4 MB model, 200 ms of compute a step. About 5 min here.
+set -u
+cd "$(dirname "$0")/.."
+RATE=${1:-100mbit}
+OUT=${2:-benchmarks/results}
+TMP=$(mktemp -d)
+. benchmarks/_cluster.sh
+start_cluster "$RATE" 1 2
+for repeat in $(seq 0 $(( ${P4_REPEATS:-2} - 1 ))); do
+  for thread in 1 0; do
+    OMPI_MCA_btl_tcp_progress_thread=$thread timeout -k 10 "${LIMIT_S:-900}" tests/cluster/mpiexec -n 2 \
+      --map-by node -x OMPI_MCA_btl_tcp_progress_thread "$PY" benchmarks/bench_network.py \
+      --rate-gbit "$rate_gbit" --label "thread$thread" --parts p4 --compute-ms 200 --sizes-mb 4 \
+      --p4-steps "${P4_STEPS:-20}" --p4-repeats 1 --p4-algorithms ${P4_ALGORITHMS:-allreduce sgp osgp:4} \
+      --out "$TMP/thread$thread-$repeat.json" || echo "benchmarks/progress_thread.sh: thread=$thread repeat $repeat failed" >&2
+  done
+done
+mkdir -p "$OUT"
+"$PY" - "$TMP" "$OUT/progress-thread-$RATE" "$RATE" "$rate_gbit" <<'PYEOF'
+import glob, json, os, statistics, sys
+from mpigossip.core import provenance
+from mpigossip.sim import validation
+from mpigossip.sim.timing import Costs
+tmp, base, rate, rate_gbit = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+rows = []
+for path in sorted(glob.glob(os.path.join(tmp, "thread*.json"))):
+    thread, repeat = os.path.basename(path)[6:-5].split("-")
+    for r in json.load(open(path)):
+        rows.append(dict(r, progress_thread=thread == "1", repeat=int(repeat)))
+costs = Costs.load("benchmarks/results/time-calibration-1gbit.json")
+wrapped = os.path.join(tmp, "rows.json")   # one run's rows, as p4_table reads them
+json.dump({"rows": json.load(open(sorted(glob.glob(os.path.join(tmp, "thread*.json")))[0]))}, open(wrapped, "w"))
+predicted = {(r["algorithm"], r["case"]): r["predicted"] for r in validation.p4_table([wrapped], costs)}
+meta = {"commit": provenance.commit(), "versions": provenance.versions(),
+        "command": f"bash benchmarks/progress_thread.sh {rate}", "cluster": f"tests/cluster/start.sh 2 {rate} 1",
+        "calibration": "benchmarks/results/time-calibration-1gbit.json"}
+json.dump({"meta": meta, "rows": rows, "predicted": [{"algorithm": a, "case": c, "steps_per_s": v}
+                                                    for (a, c), v in predicted.items()]}, open(base + ".json", "w"), indent=2)
+lines = [f"P4 on 2 emulated nodes x 1 rank at {rate}, 4 MB, 200 ms of compute a step: steps/s summed over the ranks, "
+         f"Open MPI's TCP progress thread on and off, alternated (medians over {len({r['repeat'] for r in rows})} "
+         f"pairs), and the time model's prediction (`bash benchmarks/progress_thread.sh {rate}` at {meta['commit']}; "
+         f"{meta['versions']})", "",
+         "| method | case | thread on (each run) | thread off (each run) | on / off | predicted |",
+         "|---|---|---|---|---|---|"]
+for alg in dict.fromkeys(r["algorithm"] for r in rows):
+    for case, key in (("no straggler", "steps_per_s"), ("rank 1 2x slow", "steps_per_s_straggler")):
+        on = [r[key] for r in rows if r["algorithm"] == alg and r["progress_thread"]]
+        off = [r[key] for r in rows if r["algorithm"] == alg and not r["progress_thread"]]
+        pred = predicted.get((alg, case))
+        runs = lambda v: f"{statistics.median(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})"  # noqa: E731
+        lines.append(f"| {alg} | {case} | {runs(on)} | {runs(off)} | {statistics.median(on) / statistics.median(off):.2f} | "
+                     + (f"{pred:.2f}" if pred is not None else "-") + " |")
+open(base + ".md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PYEOF
