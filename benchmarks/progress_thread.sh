@@ -40,13 +40,14 @@ wrapped = os.path.join(tmp, "rows.json")   # one run's rows, as p4_table reads t
 json.dump({"rows": json.load(open(sorted(glob.glob(os.path.join(tmp, "thread*.json")))[0]))}, open(wrapped, "w"))
 predicted = {(r["algorithm"], r["case"]): r["predicted"] for r in validation.p4_table([wrapped], costs)}
 meta = {"commit": provenance.commit(), "versions": provenance.versions(),
-        "command": f"bash benchmarks/progress_thread.sh {rate}", "cluster": f"tests/cluster/start.sh 2 {rate} 1",
+        "command": (f"P4_ALGORITHMS='{os.environ['P4_ALGORITHMS']}' " if os.environ.get("P4_ALGORITHMS") else "")
+        + f"bash benchmarks/progress_thread.sh {rate}", "cluster": f"tests/cluster/start.sh 2 {rate} 1",
         "calibration": "benchmarks/results/time-calibration-1gbit.json"}
 json.dump({"meta": meta, "rows": rows, "predicted": [{"algorithm": a, "case": c, "steps_per_s": v}
                                                     for (a, c), v in predicted.items()]}, open(base + ".json", "w"), indent=2)
 lines = [f"P4 on 2 emulated nodes x 1 rank at {rate}, 4 MB, 200 ms of compute a step: steps/s summed over the ranks, "
          f"Open MPI's TCP progress thread on and off, alternated (medians over {len({r['repeat'] for r in rows})} "
-         f"pairs), and the time model's prediction (`bash benchmarks/progress_thread.sh {rate}` at {meta['commit']}; "
+         f"pairs), and the time model's prediction (`{meta['command']}` at {meta['commit']}; "
          f"{meta['versions']})", "",
          "| method | case | thread on (each run) | thread off (each run) | on / off | predicted |",
          "|---|---|---|---|---|---|"]
