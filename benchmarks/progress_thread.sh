@@ -51,12 +51,13 @@ lines = [f"P4 on 2 emulated nodes x 1 rank at {rate}, 4 MB, 200 ms of compute a 
          f"{meta['versions']})", "",
          "| method | case | thread on (each run) | thread off (each run) | on / off | predicted |",
          "|---|---|---|---|---|---|"]
+def runs(v):   # the median, then each run's value
+    return f"{statistics.median(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})"
 for alg in dict.fromkeys(r["algorithm"] for r in rows):
     for case, key in (("no straggler", "steps_per_s"), ("rank 1 2x slow", "steps_per_s_straggler")):
         on = [r[key] for r in rows if r["algorithm"] == alg and r["progress_thread"]]
         off = [r[key] for r in rows if r["algorithm"] == alg and not r["progress_thread"]]
         pred = predicted.get((alg, case))
-        runs = lambda v: f"{statistics.median(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})"  # noqa: E731
         lines.append(f"| {alg} | {case} | {runs(on)} | {runs(off)} | {statistics.median(on) / statistics.median(off):.2f} | "
                      + (f"{pred:.2f}" if pred is not None else "-") + " |")
 open(base + ".md", "w").write("\n".join(lines) + "\n")

@@ -238,11 +238,10 @@ class Fabric:
         through a full resource are fixed. Flows over the same first resource (the transfers
         out of one link) share max-min fairly as usual; flows of different units, bytes over a
         link and CPU-seconds on a core pool, share a pool by the same fraction of their pace."""
-        nres = len(self._cap)
         dirty, self._dirty = self._dirty, set()
         if not len(self._events) or not dirty:
             return
-        changed = np.zeros(nres, dtype=bool)
+        changed = np.zeros(len(self._cap), dtype=bool)
         changed[list(dirty)] = True
         mine = changed[self._g]   # the flows whose sharing may have changed
         if mine.all():

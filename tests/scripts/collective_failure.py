@@ -4,14 +4,14 @@
 
 The last rank dies (SIGKILL) at once; the others enter :func:`mpigossip.core.deadline.allgather`
 on ``MPI_COMM_WORLD`` (errors returned), which meets the death: each survivor records the
-error class it got (a collective's ``MPI_Testall`` reports ``MPI_ERR_IN_STATUS``; the class
-that matters, ``MPI_ERR_PROC_FAILED`` or ``MPI_ERR_REVOKED``, is in the request's status).
-Then :func:`mpigossip.resilience.failures.shrink`, whose own allgather may meet the death of
-``--die-in-shrink`` (a world rank killed as it enters the shrink): the survivors must shrink
+error class it got (``MPI_Testall`` itself says only ``MPI_ERR_IN_STATUS``; the class that
+matters, ``MPI_ERR_PROC_FAILED`` or ``MPI_ERR_REVOKED``, is in the request's status, and
+:func:`~mpigossip.core.deadline.testall` raises that one). Then
+:func:`mpigossip.resilience.failures.shrink`, whose own exchange meets the death of a rank the
+hook ``MPIGOSSIP_CRASH_IN_RECOVERY=R:exchange`` kills after the shrink: the survivors must shrink
 again, not end. Each survivor prints ``collective_failure: {json}``.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -20,10 +20,6 @@ from mpi4py import MPI
 
 from mpigossip.core import deadline
 from mpigossip.resilience import failures
-
-p = argparse.ArgumentParser()
-p.add_argument("--die-in-shrink", type=int, default=-1, help="a world rank killed as it enters the shrink")
-a = p.parse_args()
 
 world = MPI.COMM_WORLD
 world.Set_errhandler(MPI.ERRORS_RETURN)
@@ -38,8 +34,6 @@ for _ in range(100):   # until the death is met (some rounds may complete before
         got = exc.Get_error_class()
         break
 names = {getattr(MPI, n): n for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED", "ERR_IN_STATUS")}
-if rank == a.die_in_shrink:
-    os.kill(os.getpid(), signal.SIGKILL)
 rec = failures.shrink(world, 0, timeout=30, op="collective_failure")
 row = {"rank": rank, "class": names.get(got, got), "as_failure": got in failures.FAILED, "lost": rec.lost,
        "size": rec.comm.Get_size()}
