@@ -199,12 +199,13 @@ def _own_rate(comm, step, steps, sleep_s, spent):
 def _p4_runs(comm, args, mb, n_nodes):
     """P4 rows for one size: every algorithm ``--p4-repeats`` times, interleaved."""
     runs = {label: [] for label in args.p4_algorithms}  # label -> [(rate, rate_straggler, exchange_s)]
+    by_rank = {label: [] for label in args.p4_algorithms}  # label -> [(each rank's rate, ... straggler)]
     for _ in range(args.p4_repeats):
         for label in args.p4_algorithms:
             name, _, delay = label.partition(":")
             options = {"max_delay": int(delay or 1)} if name == "osgp" else {"servers": int(delay)} \
                 if name == "easgd" and delay else {}
-            rates, exchange = [], 0.0
+            rates, own_rates, exchange = [], [], 0.0
             for slow in (1.0, 2.0):
                 factor = slow if comm.rank == 1 else 1.0
                 step, algo, spent = _trainer(name, mb, comm, **options)
@@ -212,9 +213,11 @@ def _p4_runs(comm, args, mb, n_nodes):
                 algo.drain()
                 algo.free()
                 rates.append(comm.allreduce(own))
+                own_rates.append(comm.allgather(own))
                 if slow == 1.0:
                     exchange = comm.allreduce(in_step) / comm.size
             runs[label].append((rates[0], rates[1], exchange))
+            by_rank[label].append(own_rates)
     base = runs.get("allreduce")
     rows = []
     for label, got in runs.items():
@@ -225,6 +228,8 @@ def _p4_runs(comm, args, mb, n_nodes):
                "steps_per_s_straggler": float(np.median(a[:, 1])), "keep": float(np.median(a[:, 1] / a[:, 0])),
                "keep_range": [float(v) for v in (np.min(a[:, 1] / a[:, 0]), np.max(a[:, 1] / a[:, 0]))],
                "runs": [[float(v) for v in r] for r in got],
+               "rank_steps_per_s": [[float(v) for v in r[0]] for r in by_rank[label]],
+               "rank_steps_per_s_straggler": [[float(v) for v in r[1]] for r in by_rank[label]],
                "exchange_ms": float(np.median(a[:, 2])) * 1e3,
                "link_ms": mb * 2 ** 20 / (args.rate_gbit * 1e9 / 8) * 1e3, "rate_gbit": args.rate_gbit,
                "cores": os.cpu_count(), "cores_per_node": os.environ.get("MPIGOSSIP_CORES_PER_NODE")}

@@ -2,7 +2,7 @@
 with one rank killed, at model sizes where the heal's transfer counts.
 
     python benchmarks/replace_times.py [--widths 2000 5000] [--algorithms sgp allreduce]
-        [--ranks 4] [--steps 40] [--kill-at 15] [--victim 2]
+        [--ranks 4] [--steps 40] [--kill-at 15] [--victim 2] [--compute-ms 0]
         [--mpiexec "tests/cluster/mpiexec --map-by node"] [--out benchmarks/results] [--name replace-times]
 
 Each run trains the digits MLP (two hidden layers of ``--widths`` units: 2000 is 16 MB of float32
@@ -13,7 +13,11 @@ survivors' recovery, the spawn, the heal (from the rebuilt algorithm to every ra
 the PushSum family sends half the numerators, then the donor's model and optimizer state, raw
 after a pickled skeleton; AllReduce and D-PSGD the state only; with its parts: split, handover, load), and from the recovery to the job back at full size;
 every run must end at its size with its mass exact (PushSum family) and only the victim failed
-(``--repeats``: runs of each). Writes ``OUT/NAME.json``
+(``--repeats``: runs of each). The survivors train on while the newcomer starts (since the heal
+beside training): the table gives the steps they took meanwhile and the seconds they did not train
+(``idle``: the growth's whole time less the time beside; before it, the whole time); with
+``--compute-ms`` (every step's fixed compute, a sleep) the steps left after the kill last long enough
+for the newcomer to start before the end. Writes ``OUT/NAME.json``
 (the summaries, the commit and versions) and ``OUT/NAME.md``; exits 1 if a run failed.
 """
 
@@ -44,6 +48,7 @@ def run(args, algorithm, width, folder):
     cmd = [*launcher[:1], "--with-ft", "ulfm", *launcher[1:], "-n", str(args.ranks), sys.executable, "-m", "mpigossip",
            "train", "--algorithm", algorithm, "--width", str(width), "--steps", str(args.steps),
            "--on-failure", "replace", "--kill", f"{args.victim}:{args.kill_at}", "--quiet", "--timeout", "120",
+           *(["--compute-ms", str(args.compute_ms)] if args.compute_ms else []),
            "--out", folder]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -60,6 +65,8 @@ def row(algorithm, width, summary):
             "failed_ranks": [r for f in summary["failures"] for r in f["ranks"]],
             "world_size": summary["world_size"], "recovery_s": f["recovery_s"], "spawn_s": r["spawn_s"],
             "heal_s": r["heal_s"], "heal_parts": r.get("heal_parts", {}), "back_after_recovery_s": r["back_at_s"] - f["recovered_at_s"],
+            "steps_beside": r.get("steps_beside", 0), "pause_s": r.get("pause_s"),
+            "idle_s": r["total_s"] - r.get("beside_s", 0.0),   # (the survivors' time not training)
             "newcomer_host": r["hosts"].get(str(r["ranks"][0])) if r["ranks"] else None,
             "final_accuracy": summary["final_accuracy"], "mass_exact": exact}
 
@@ -72,6 +79,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--kill-at", type=int, default=15)
     p.add_argument("--victim", type=int, default=2)
+    p.add_argument("--compute-ms", type=float, default=0.0, help="every step's fixed compute (train --compute-ms)")
     p.add_argument("--mpiexec", default=None, help="launcher command (default: the venv's mpigossip-mpiexec)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -99,18 +107,20 @@ def main(argv=None):
     with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump({"commit": provenance.commit(), "versions": provenance.versions(), "launcher": where,
                    "ranks": args.ranks, "steps": args.steps, "kill_at": args.kill_at, "victim": args.victim,
+                   "compute_ms": args.compute_ms, "command": " ".join(sys.argv),
+                   "pythonpath": os.environ.get("PYTHONPATH"),   # (a checkout other than this one's runs)
                    "rows": rows, "failed": failed}, f, indent=2)
     with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
         f.write(f"# Growing back: rank {args.victim} of {args.ranks} killed at step {args.kill_at} ({where})\n\n")
-        f.write("| method | model MB | recovery (s) | spawn (s) | heal (s) | of it: split, handover, load (s) "
-                "| back at full size after the recovery (s) | newcomer on | accuracy | mass exact |\n"
-                "|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| method | model MB | recovery (s) | spawn (s) | steps beside | heal (s) | of it: split, handover, "
+                "load (s) | back at full size after the recovery (s) | survivors idle (s) | newcomer on | accuracy "
+                "| mass exact |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             parts = ", ".join(f"{r['heal_parts'][k]:.2f}" if k in r["heal_parts"] else "-"
                               for k in ("split_s", "handover_s", "load_s"))
             f.write(f"| {r['algorithm']} | {r['model_mb']} | {r['recovery_s']:.3f} | {r['spawn_s']:.2f} | "
-                    f"{r['heal_s']:.2f} | {parts} | {r['back_after_recovery_s']:.2f} | {r['newcomer_host']} | "
-                    f"{r['final_accuracy']:.4f} | {r['mass_exact']} |\n")
+                    f"{r['steps_beside']} | {r['heal_s']:.2f} | {parts} | {r['back_after_recovery_s']:.2f} | "
+                    f"{r['idle_s']:.2f} | {r['newcomer_host']} | {r['final_accuracy']:.4f} | {r['mass_exact']} |\n")
         for failure in failed:
             f.write(f"\nFailed: {failure.splitlines()[0]}\n")
         f.write(f"\nCommit {provenance.commit()}; {provenance.versions()}.\n")

@@ -177,8 +177,15 @@ def _run(args):
         if decision.changed:
             _print_on_rank0(f"mpigossip: {decision.describe()}\n")
     if args.command == "train":
+        # MPI_Init before torch's import: a newcomer spawned by the survivors (--on-failure replace)
+        # reaches MPI_Init, where their spawn returns, a second sooner, and learns its place at once
+        # (torch is imported, and its data and model built, while the survivors train on)
+        from .core.deadline import check_timeout
+        from .resilience import grow
+        arrival = (grow.arrive(timeout=check_timeout(args.timeout), op="train (--on-failure replace)")
+                   if grow.newcomer() else None)
         from .train import job
-        return job.main(args)
+        return job.main(args, arrival)
     if args.command == "compare":
         from .train import compare
         return compare.main(args)

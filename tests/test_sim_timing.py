@@ -249,6 +249,12 @@ def test_validation_table_and_its_misses(tmp_path):
     predicted = simulate("allreduce", 2, 1, Workload(mb=1, compute=0.1, steps=5), costs)["steps_per_s"]
     assert table[0]["predicted"] == pytest.approx(predicted) and table[0]["error"] == pytest.approx(predicted - 1)
     assert table[0]["measured_range"] == [1.0, 1.2]
+    assert sum(table[0]["predicted_by_rank"]) == pytest.approx(predicted) and table[0]["measured_by_rank"] is None
+    # where the row has each rank's rate per repeat: their medians, rank by rank
+    row.update(rank_steps_per_s=[[0.4, 0.6], [0.5, 0.9], [0.7, 0.3]], rank_steps_per_s_straggler=[[0.5, 0.5]])
+    path.write_text(json.dumps({"meta": {"commit": "abc"}, "rows": [row]}))
+    by_rank = [t["measured_by_rank"] for t in validation.p4_table([str(path)], costs)]
+    assert by_rank == [[0.5, 0.6], [0.5, 0.5]]
     text = validation.markdown(table)
     assert text.count("**miss**") == 2 and text.endswith("0 of 2 rows within 15%.")
 

@@ -1,7 +1,7 @@
 """Healing after growing back: a newcomer gets its state from a live peer (#45, item 2).
 
-After :func:`mpigossip.resilience.grow.replace` (on the survivors) and
-:func:`~mpigossip.resilience.grow.join` (on the newcomers), every rank of the grown
+After :meth:`mpigossip.resilience.grow.Spawned.merge` (or ``grow.replace``, on the survivors)
+and :func:`~mpigossip.resilience.grow.join` (on the newcomers), every rank of the grown
 communicator calls one of these, collectively:
 
 - :func:`split` (PushSum, OSGP, AGP): a donor, the survivor with the largest weight, splits its

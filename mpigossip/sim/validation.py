@@ -10,7 +10,9 @@ runs at two link rates; :func:`markdown` writes them as a table.
 
 import dataclasses
 import json
+import math
 import re
+import statistics
 
 from .timing import Workload, simulate
 
@@ -70,13 +72,16 @@ def p4_table(paths, costs, *, seed=0, nominal_gbit=1.0):
                                      ("rank 1 2x slow", "steps_per_s_straggler", {1: 2.0})):
             work = Workload(mb=row["mb"], compute=row["compute_ms"] / 1e3, straggler=straggler,
                             steps=int(row.get("steps", 30)))
-            predicted = simulate(row["algorithm"], nodes, per_node, work, at, seed=seed)["steps_per_s"]
-            measured = row[key]
+            out = simulate(row["algorithm"], nodes, per_node, work, at, seed=seed)
+            predicted, measured = out["steps_per_s"], row[key]
             runs = [r[0 if key == "steps_per_s" else 1] for r in row.get("runs", [])]
+            each = row.get("rank_" + key)   # every repeat's rate of each rank, where the row has them
             table.append({"ranks": row["ranks"], "nodes": nodes, "mb": row["mb"], "algorithm": row["algorithm"],
                           "case": case, "rate_gbit": float(row.get("rate_gbit", nominal_gbit)), "regime": regime,
                           "measured": measured, "measured_range": [min(runs), max(runs)] if runs else None,
                           "predicted": predicted, "error": predicted / measured - 1,
+                          "predicted_by_rank": [1.0 / s if s > 0 else math.inf for s in out["step_s"]],
+                          "measured_by_rank": [statistics.median(r) for r in zip(*each)] if each else None,
                           "source": f"{path} ({meta.get('commit', '?')})"})
     return table
 

@@ -89,8 +89,10 @@ class Run:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.initial_size = self.size
         self.timeout = deadline.check_timeout(args.timeout)
+        # a newcomer's comm is its Arrival until it joins (--on-failure replace): its place, no collective
+        arrival = isinstance(comm, grow.Arrival)
         if args.device == "cuda":
-            torch.cuda.set_device(local_rank(comm)[0] % gpu_count())
+            torch.cuda.set_device((comm.local_rank if arrival else local_rank(comm)[0]) % gpu_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
@@ -114,6 +116,7 @@ class Run:
         self.tolerant = self.on_failure in ("continue", "replace")   # (replace: continue, then grow back)
         self.newcomer = newcomer   # spawned into the run in a dead rank's place (--on-failure replace)
         self.grow_pending, self.lost, self.grow_at = False, [], 0   # (replace) a failure followed, not yet replaced
+        self.joining = None   # (replace) newcomers started, not yet joined: regrow.Joining
         self.hosts = []   # (replace) each rank's host, where a dead rank's replacement goes
         # Surviving a failure: evaluate at the end only, over the survivors (an evaluation's
         # collectives would meet a failure outside the algorithm's recovery).
@@ -131,7 +134,7 @@ class Run:
         torch.manual_seed(args.seed)
         self.model = models.build(args.model, self.data.shape, self.data.classes, args.width).to(self.device)
         self.eval_model = models.build(args.model, self.data.shape, self.data.classes, args.width).to(self.device)
-        self.algo = self.make_algorithm()
+        self.algo = None if arrival else self.make_algorithm()   # (a newcomer's: regrow.rebuild, once joined)
         self.evaluate = Evaluator(self.eval_model, self.x_test, self.y_test, comm=comm, timeout=self.timeout)
         self.momentum = inner_momentum(args.momentum, algorithm)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=self.momentum,
@@ -250,6 +253,8 @@ class Run:
         self.evaluate = Evaluator(self.eval_model, self.x_test, self.y_test, comm=self.comm, timeout=self.timeout)
         self.failures.append(self._failure_record(self.algo.failures[self.failures_seen], rec, t0))
         self.failures_seen += 1
+        if self.joining is not None:   # (replace) newcomers were starting: given up, all replaced in one growth
+            regrow.give_up(self, f"rank(s) {self.failures[-1]['ranks']} failed while they started")
         # (replace) grow back once every survivor has reached the step after the last one at which one
         # followed the failure (OSGP and AGP let ranks drift: one behind catches up first)
         # the dead, numbered as when the algorithm was built (at the start, or the last growth: the
@@ -318,6 +323,8 @@ class Run:
             self.algo.after_failure = self._follow_algorithm
         step = self.start_step
         while step < self.steps:
+            while self.joining is not None and step == self.steps - 1:   # (replace) the last step: grow back
+                step = regrow.poll(self, step, final=True)   # first (it ends at its size, its checkpoint too)
             self._at_step = step
             if stop is not None and stop.stop_at(step, self.start_step):
                 return self._preempt(step)
@@ -350,8 +357,13 @@ class Run:
                 last_print = time.perf_counter()
                 self._progress(step, record, last)
             step += 1
-            if self.grow_pending and step >= self.grow_at:   # (--on-failure replace) the dead replaced
+            if self.joining is not None:   # (--on-failure replace) newcomers starting: ready yet?
+                step = regrow.poll(self, step)
+            elif self.grow_pending and step >= self.grow_at:   # (--on-failure replace) the dead replaced
                 step = regrow.grow_back(self, step)
+        while self.joining is not None:   # (newcomers started at the last step) grow back: the job ends at its size
+            step = regrow.poll(self, step, final=True)
+            last = {}   # (the final evaluation over the grown communicator, the newcomers' models too)
         if progress:
             print()
         if stop is not None:
@@ -461,7 +473,8 @@ def check_world(args, algorithms, lrs, comm):
         raise UsageError("--device cuda: no CUDA GPU is visible")
 
 
-def main(args):
+def main(args, arrival=None):
+    """``train``; ``arrival``: a newcomer's place (``--on-failure replace``), learnt first."""
     comm = MPI.COMM_WORLD
     algorithms = algorithms_of(args)
 
@@ -470,13 +483,16 @@ def main(args):
             return None
         return os.path.join(args.out, algorithm) if len(algorithms) > 1 else args.out
     try:
-        if grow.newcomer():   # spawned in a dead rank's place (--on-failure replace): it joins the run under way
-            summary, rank = regrow.newcomer_main(args, Run, out_for)
+        if arrival is not None:   # spawned in a dead rank's place (--on-failure replace): it joins the run under way
+            summary, rank = regrow.newcomer_main(args, Run, out_for, arrival)
             if rank == 0:   # (rank 0 died: its newcomer prints the run's line)
                 print(one_line(summary), flush=True)
             return 0
     except regrow.ReplaceFailed as exc:
         return failed_to_grow(exc, "a newcomer")
+    except grow.Abandoned as exc:   # (a failure while it started: the survivors replace the dead later)
+        print(f"python -m mpigossip: note (a newcomer): {exc}", file=sys.stderr, flush=True)
+        failures.exit(0)
     try:
         check_world(args, algorithms, [args.lr], comm)
     except UsageError as exc:

@@ -1,13 +1,15 @@
 """``train --on-failure replace``: the training job grows back to its size after a failure (#45).
 
 On the survivors, right after they followed a failure (the algorithm recovered and the job's
-communicator shrank; :meth:`~mpigossip.train.job.Run._survive`), :func:`grow_back` takes the
-run's state (the algorithm drained), frees the algorithm, and
-:func:`mpigossip.resilience.grow.replace` spawns one process per dead rank running this same
-command line. Such a process finds itself a newcomer and runs :func:`newcomer_main`: it takes
-the dead rank's number in the grown communicator, so the dead rank's data shard, output files
-and place in the graph. Every rank then builds the algorithm again over the grown
-communicator and calls :func:`heal_run`:
+communicator shrank; :meth:`~mpigossip.train.job.Run._survive`), :func:`grow_back` spawns one
+process per dead rank running this same command line (:func:`mpigossip.resilience.grow.spawn`),
+and the survivors train on. Such a process finds itself a newcomer, learns its place at once
+(:func:`mpigossip.resilience.grow.arrive`, before torch's import) and runs :func:`newcomer_main`:
+it takes the dead rank's number in the grown communicator, so the dead rank's data shard,
+output files and place in the graph, and builds its run meanwhile. After every step the
+survivors :func:`poll` (:class:`Joining`); once one has seen the newcomers ready, all grow back
+at one step (:func:`_finish`): the algorithm drained and freed, the merge, every rank's
+algorithm built again over the grown communicator, and :func:`heal_run`:
 
 - the PushSum family (SGP, OSGP, AGP): every survivor's ``(x, w)`` is first multiplied by one
   power of two (:func:`~mpigossip.resilience.heal.rescale`: the weight a failure took with it no longer inflates the step
@@ -21,9 +23,12 @@ to go on as one of the others: the optimizer's state, the step, the learning-rat
 place (the step), the run's clock and its record of failures. The newcomer draws its batches
 from a stream of its own (the seed, its rank and the step it starts at). ``summary.json``
 records the replacement under the failure (``"replaced"``: who, the donors, the spawn's and
-the heal's seconds, the rescale). A spawn that cannot start leaves the run at the smaller size
-(one warning); a failure during the spawn or the heal ends every rank with :class:`ReplaceFailed`'s
-one line (no traceback, no hang).
+the heal's seconds, the steps trained beside the newcomers' start and the pause, the rescale). A
+spawn that cannot start, or newcomers not ready within the deadline, leave the run at the
+smaller size (one warning); a failure while the newcomers start gives them up (:func:`give_up`:
+they end, and the growth after the algorithm has followed the death replaces every rank lost); a
+failure during the spawn, the merge or the heal ends every rank with :class:`ReplaceFailed`'s one
+line (no traceback, no hang).
 """
 
 import contextlib
@@ -33,13 +38,13 @@ import random
 import signal
 import socket
 import time
+import warnings
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from ..core import deadline
-from ..core.nodes import local_rank
 from ..launch.slurm import SPARES
 from ..resilience import failures, grow, heal
 from . import checkpoint
@@ -56,19 +61,22 @@ KILL_IN_HEAL = "MPIGOSSIP_KILL_IN_HEAL"
 #: Test hook: ``MPIGOSSIP_KILL_BEFORE_GROW=R`` kills rank R of the launch (not a newcomer) as the
 #: survivors begin to grow back (a second failure before the first is replaced).
 KILL_BEFORE_GROW = "MPIGOSSIP_KILL_BEFORE_GROW"
+#: Test hook: ``MPIGOSSIP_KILL_WHILE_JOINING=R`` kills rank R of the launch (a survivor) at its first
+#: step after the spawn, while the newcomers start (a second failure before they joined).
+KILL_WHILE_JOINING = "MPIGOSSIP_KILL_WHILE_JOINING"
 
 
 def grow_back(run, step):
     """On the survivors, after the failure followed before ``step`` (the step each would take
-    next): replace the dead ranks and heal them (collective over the survivors, then over the
-    grown communicator). Returns the step every rank goes on from: the survivors' largest (a
-    method that lets ranks drift, OSGP or AGP, met the failure at different steps; the rebuilt
-    algorithm starts with its step counters equal on every rank).
+    next): start the newcomers (collective over the survivors) and return the step to go on
+    from. The survivors train on while the newcomers start (Python, torch, their data and
+    model): :func:`poll` after every step finds them ready, and the survivors grow back then,
+    all at one step (:func:`_finish`).
 
     The algorithm is drained first (its state taken): where its drain is collective (AGP) a rank
     that died since the failure was followed is met there, by the survivors together, and
     followed (``run.lost`` then names it too; ranks that drift are in no other collective). One
-    that dies before the survivors agree on the step (met by some of them in the agreement, by
+    that dies before the survivors agree to grow (met by some of them in the agreement, by
     others not at all) puts the growth off: every survivor learns it from one
     ``MPI_Comm_agree``, trains on until the algorithm has met the death and followed it, and
     grows back then, all together."""
@@ -87,21 +95,124 @@ def grow_back(run, step):
         return step
     assert steps is not None
     run.grow_pending = False
-    step = max(steps)
-    if step >= run.steps:   # nothing left to train: no newcomer
+    if max(steps) >= run.steps:   # nothing left to train: no newcomer
         run.failures[-1]["replaced"] = {"ranks": [], "skipped": "the run ended"}
         return step
+    argv = os.environ.get(REPLACE_WITH, "").split() or None   # (tests: a program that cannot start)
+    with _named(run.out, run.lost, step):
+        spawned = grow.spawn(run.comm, run.lost, argv=argv, timeout=run.timeout, info=_placement(run), op=OP)
+        if spawned is None:   # refused: on at the smaller size (the survivors' heal: the rescale)
+            state["step"] = step = max(steps)
+            run.algo.free()
+            rebuild(run, run.comm)
+            heal_run(run, [], state, t0=t0, refused=True)
+            return step
+        run.joining = Joining(spawned, run.comm, t0, run.failures[-1])
+    return step
+
+
+class Joining:
+    """Newcomers started (:func:`grow_back`), training on until they are ready (:func:`poll`).
+
+    One small ``MPI_Iallreduce`` a step over the survivors (a duplicate of their communicator),
+    started after one step and completed after the next, gives every survivor the same answer
+    at the same round: 2, grow back now (a survivor saw the newcomers ready, or has no steps
+    left); 1, the newcomers were not ready within the deadline; 0, train on."""
+
+    def __init__(self, spawned, comm, t0, failure):
+        self.spawned, self.t0, self.failure = spawned, t0, failure   # (failure: the record the growth replaces)
+        self.t_spawned = time.perf_counter()
+        self.comm = comm.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.flag = np.zeros(1, dtype=np.int32)
+        self.request = None
+        self.steps = 0   # steps this rank trained while the newcomers started
+
+    def round(self, want, timeout):
+        """Complete the round under way (None if none was) and start the next with ``want``."""
+        agreed = None
+        if self.request is not None:
+            failures.wait([self.request], comm=self.comm, timeout=timeout, op=f"{OP} (the newcomers' start)",
+                          peer="all survivors (Iallreduce)")
+            agreed = int(self.flag[0])
+        self.flag[0] = want
+        self.request = self.comm.Iallreduce(MPI.IN_PLACE, self.flag, MPI.MAX)
+        return agreed
+
+    def close(self):
+        if self.request is not None:   # (started by every survivor, like the one just completed)
+            failures.wait([self.request], comm=self.comm, timeout=60.0, op=f"{OP} (the newcomers' start)")
+        self.comm.Free()
+
+    def abandon(self, why):
+        """Give the newcomers up (they end, :func:`mpigossip.resilience.grow.join`), record it on
+        the failure they were to replace; the communicator and requests are kept, not freed."""
+        self.spawned.abandon()
+        failures.keep(self.comm, self.request, self.spawned.inter)
+        self.failure["abandoned"] = {"ranks": list(self.spawned.lost), "why": why, "steps_beside": self.steps,
+                                     "beside_s": time.perf_counter() - self.t_spawned}
+
+
+def poll(run, step, *, final=False):
+    """On the survivors, after each step while newcomers start (``run.joining``), and with
+    ``final`` once a survivor has no steps left (then until they have grown): grow back when
+    every survivor has agreed to (:class:`Joining`). Returns the step to go on from."""
+    joining = run.joining
+    if os.environ.get(KILL_WHILE_JOINING, "") == str(MPI.COMM_WORLD.Get_rank()) and not run.newcomer:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        ready = final or joining.spawned.ready(OP)
+        late = not ready and time.perf_counter() - joining.t_spawned > run.timeout
+        agreed = joining.round(2 if ready else 1 if late else 0, run.timeout)
+    except (failures.PeerFailure, MPI.Exception) as exc:
+        if isinstance(exc, MPI.Exception) and exc.Get_error_class() not in failures.FAILED:
+            raise
+        # a survivor (or a newcomer) died while the newcomers started: give them up; the algorithm
+        # meets the death and follows it (Run._survive), and the growth after it replaces every rank lost
+        give_up(run, f"a rank failed while they started ({exc})")
+        return step
+    if agreed == 2:
+        with _named(run.out, run.lost, step):
+            return _finish(run, step)
+    if agreed == 1:   # as a spawn that cannot start: on at the smaller size, one warning
+        give_up(run, f"not ready within {run.timeout:g} s (--timeout)", grow_again=False)
+        if run.comm.Get_rank() == 0:
+            warnings.warn(f"{OP}: the replacement(s) for rank(s) {joining.spawned.lost} were not ready within "
+                          f"{run.timeout:g} s; going on with {run.comm.Get_size()} ranks", RuntimeWarning, stacklevel=2)
+        return step
+    joining.steps += 1
+    return step
+
+
+def _finish(run, step):
+    """Collective over the survivors and the newcomers: the algorithm drained, merged, rebuilt
+    over the grown communicator and healed, at the survivors' largest step (a method that lets
+    ranks drift, OSGP or AGP, reaches this at different steps; the rebuilt algorithm starts with
+    its step counters equal on every rank)."""
+    joining = run.joining
+    t_pause = time.perf_counter()
+    beside_s = t_pause - joining.t_spawned
+    state = checkpoint.state_of(run, step)   # (drains the algorithm first)
+    step = max(deadline.allgather(run.comm, int(step), timeout=run.timeout, op=OP))
+    joining.close()
     state["step"] = step
     run.algo.free()
-    argv = os.environ.get(REPLACE_WITH, "").split() or None   # (tests: a program that cannot start)
-    info = _placement(run)
-    with _named(run.out, run.lost, step):
-        grown = grow.replace(run.comm, run.lost, argv=argv, timeout=run.timeout, info=info, op=OP)
-        comm, newcomers = (grown.comm, grown.newcomers) if grown is not None else (run.comm, [])
-        rebuild(run, comm)
-        heal_run(run, newcomers, state, spawn_s=grown.seconds if grown is not None else None, t0=t0,
-                 refused=grown is None)
+    grown = joining.spawned.merge(timeout=run.timeout, op=OP)
+    run.joining = None
+    rebuild(run, grown.comm)
+    heal_run(run, grown.newcomers, state, spawn_s=joining.spawned.seconds, t0=joining.t0,
+             beside={"at_step": step, "beside_s": beside_s, "steps_beside": joining.steps, "t_pause": t_pause})
     return step
+
+
+def give_up(run, why, *, grow_again=True):
+    """On a survivor, while newcomers start (``run.joining``): give them up (a failure met, or
+    they were too late). With ``grow_again`` the run grows back after the algorithm has followed
+    the failure (``Run._survive``), replacing the ranks these newcomers were for with the new dead."""
+    joining, run.joining = run.joining, None
+    joining.abandon(why)
+    run.grow_pending = grow_again
+    run.grow_at = run.steps + 1   # (until Run._survive sets it, after the algorithm followed the failure)
 
 
 class ReplaceFailed(RuntimeError):
@@ -141,14 +252,13 @@ def _placement(run, spares=None):
 
 
 def rebuild(run, comm):
-    """The run over ``comm``: the algorithm built again (collective; a newcomer's Run does the same)."""
+    """The run over ``comm``: the algorithm built again (collective, on every rank; a newcomer's
+    Run was built over its :class:`~mpigossip.resilience.grow.Arrival`, with no algorithm)."""
     run.comm, run.rank, run.size = comm, comm.Get_rank(), comm.Get_size()
-    if run.args.device == "cuda":
-        local_rank(comm)   # (collective: a newcomer's Run picks its GPU so)
     run.algo = run.make_algorithm()
 
 
-def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
+def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False, beside=None):
     """Collective over the grown communicator (every survivor with its ``state``, every newcomer
     with None): the newcomers' state from their donors; every rank's loaded into the rebuilt
     algorithm."""
@@ -209,8 +319,11 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
     if new:
         _adopt(run, state)
     parts["load_s"] = time.perf_counter() - t_load
+    beside = dict(beside or {})
+    t_pause = beside.pop("t_pause", None)
     record = {"ranks": list(newcomers), "donors": {str(k): v for k, v in plan.items()}, "spawn_s": spawn_s,
               **({"weight_before": totals, "scaled_by": scales} if mixing else {}),
+              **beside, "pause_s": time.perf_counter() - t_pause if t_pause is not None else None,
               "heal_s": time.perf_counter() - t_heal, "heal_parts": parts,
               "total_s": time.perf_counter() - t0 if t0 is not None else None,
               "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None, "refused": refused}
@@ -229,7 +342,8 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False):
     if comm.Get_rank() == first and newcomers:
         print(f"\n{run.algorithm}: rank{'s' if len(newcomers) > 1 else ''} {', '.join(map(str, newcomers))} "
               f"replaced: back at {comm.Get_size()} ranks in {record['total_s']:.2f} s (spawn {spawn_s:.2f} s, "
-              f"heal {record['heal_s']:.2f} s)", flush=True)
+              f"{record.get('steps_beside', 0)} steps beside the newcomer's start, then a pause of "
+              f"{record['pause_s'] or 0:.2f} s: heal {record['heal_s']:.2f} s)", flush=True)
 
 
 def weight_accounted(summary, group=0):
@@ -298,14 +412,17 @@ def _adopt(run, state):
     run.slow_rng = random.Random(f"delay:{run.args.seed}:{run.rank}:{run.start_step}")
 
 
-def newcomer_main(args, run_class, out):
-    """A process spawned by :func:`grow_back`: join the grown communicator, heal, train to the
-    end. Returns the run's summary and this rank."""
+def newcomer_main(args, run_class, out, arrival):
+    """A process spawned by :func:`grow_back`, which has learnt its place (``arrival``:
+    :func:`mpigossip.resilience.grow.arrive`, before torch's import): build its run (data,
+    model, optimizer: the survivors train on meanwhile), join the grown communicator, heal,
+    train to the end. Returns the run's summary and this rank."""
     timeout = deadline.check_timeout(args.timeout)
-    comm, taken = grow.join(timeout=timeout, op=OP)
     algorithm = algorithms_of(args)[0]
     folder = out(algorithm, args.lr)
-    with _named(folder, taken):
-        run = run_class(args, comm, algorithm, args.lr, folder, newcomer=True)
+    with _named(folder, arrival.lost):
+        run = run_class(args, arrival, algorithm, args.lr, folder, newcomer=True)
+        comm, taken = grow.join(arrival, timeout=timeout, op=OP)
+        rebuild(run, comm)
         heal_run(run, taken, None)
     return run.run(), run.rank
