@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from mpigossip.core import provenance  # noqa: E402
-from mpigossip.train.regrow import weight_accounted  # noqa: E402
+from mpigossip.train.handover import weight_accounted  # noqa: E402
 
 
 def model_mb(width, inputs=64, classes=10):

@@ -41,7 +41,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from mpigossip.core import provenance  # noqa: E402
-from mpigossip.train.regrow import weight_accounted  # noqa: E402
+from mpigossip.train.handover import weight_accounted  # noqa: E402
 
 #: The methods that survive a dead rank (``--on-failure continue``): (name, train flags).
 METHODS = {

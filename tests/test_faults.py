@@ -12,7 +12,7 @@ import time
 import pytest
 
 from mpigossip.resilience import failures
-from mpigossip.train.regrow import weight_accounted
+from mpigossip.train.handover import weight_accounted
 
 pytestmark = pytest.mark.faults   # a timed step of its own (tests/run.sh); the training cases run in the train step
 

@@ -1,4 +1,4 @@
-"""The arithmetic of ``train --on-failure replace`` without MPI (mpigossip/train/regrow.py):
+"""The arithmetic of ``train --on-failure replace`` without MPI (mpigossip/train/handover.py):
 the heal's rescale and the mass a run's record accounts for. The runs themselves are in
 tests/test_faults.py."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mpigossip.resilience.heal import rescale
-from mpigossip.train.regrow import weight_accounted
+from mpigossip.train.handover import weight_accounted
 
 
 def test_rescale_is_a_power_of_two_that_leaves_z_unchanged_exactly():

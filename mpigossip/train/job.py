@@ -298,7 +298,7 @@ class Run:
     def run(self):
         args, comm = self.args, self.comm
         stop = None
-        if self.newcomer:   # (regrow.heal_run has placed it in the run: no collective of the start here)
+        if self.newcomer:   # (handover.heal_run has placed it in the run: no collective of the start here)
             if self.out:
                 self.metrics_file = open(os.path.join(self.out, f"metrics-rank{self.rank}.jsonl"), "a")
         else:

@@ -32,32 +32,24 @@ line (no traceback, no hang).
 """
 
 import contextlib
-import hashlib
 import os
-import random
 import signal
-import socket
 import time
 import warnings
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
 from ..core import deadline
 from ..launch.slurm import SPARES
-from ..resilience import failures, grow, heal
+from ..resilience import failures, grow
 from . import checkpoint
 from .cli import algorithms_of
-from .evaluate import Evaluator
+from .handover import OP, heal_run
 
-OP = "train (--on-failure replace)"
 #: Test hook: ``MPIGOSSIP_REPLACE_WITH="PROGRAM ARGS"`` spawns that instead of this command line
 #: (a program that does not exist: the spawn is refused, the run goes on at the smaller size).
 REPLACE_WITH = "MPIGOSSIP_REPLACE_WITH"
-#: Test hook: ``MPIGOSSIP_KILL_IN_HEAL=R`` kills rank R of the grown communicator in the heal (a
-#: second failure during a replacement).
-KILL_IN_HEAL = "MPIGOSSIP_KILL_IN_HEAL"
 #: Test hook: ``MPIGOSSIP_KILL_BEFORE_GROW=R`` kills rank R of the launch (not a newcomer) as the
 #: survivors begin to grow back (a second failure before the first is replaced).
 KILL_BEFORE_GROW = "MPIGOSSIP_KILL_BEFORE_GROW"
@@ -256,160 +248,6 @@ def rebuild(run, comm):
     Run was built over its :class:`~mpigossip.resilience.grow.Arrival`, with no algorithm)."""
     run.comm, run.rank, run.size = comm, comm.Get_rank(), comm.Get_size()
     run.algo = run.make_algorithm()
-
-
-def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False, beside=None):
-    """Collective over the grown communicator (every survivor with its ``state``, every newcomer
-    with None): the newcomers' state from their donors; every rank's loaded into the rebuilt
-    algorithm."""
-    t_heal = time.perf_counter()
-    parts = {}   # the heal's parts, in seconds (split, handover, load)
-    comm, new = run.comm, run.comm.Get_rank() in newcomers
-    if newcomers and os.environ.get(KILL_IN_HEAL, "") == str(comm.Get_rank()):
-        os.kill(os.getpid(), signal.SIGKILL)
-    pushsum = getattr(run.algo, "base", run.algo)   # (an outer optimizer's base)
-    mixing = hasattr(pushsum, "numerators") and bool(getattr(pushsum, "weights", None))   # the PushSum family
-    if mixing:
-        if new:
-            xs = [np.zeros_like(np.asarray(x)) for x in pushsum.numerators]
-            ws = [0.0] * len(xs)
-        else:
-            part = _mixing_part(state["algo"])
-            xs = [t.numpy() for t in part["numerators"]]
-            ws = [float(c["weight"]) for c in part["comms"]]
-        weights = deadline.allgather(comm, None if new else ws, timeout=run.timeout, op=OP)
-        plan = heal.donors(weights, newcomers) if newcomers else {}
-        totals = [sum(w[g] for w in weights if w is not None) for g in range(len(xs))]
-        scales = [heal.rescale(total, comm.Get_size()) for total in totals]
-        if not new:
-            for x, c in zip(xs, scales):
-                x *= c   # (a power of two: exact)
-            ws = [w * c for w, c in zip(ws, scales)]
-        t_split = time.perf_counter()
-        ws = heal.split(xs, ws, comm=comm, newcomers=newcomers, timeout=run.timeout, op=OP)
-        parts["split_s"] = time.perf_counter() - t_split
-    else:
-        plan = heal.donors([None if r in newcomers else 1.0 for r in range(comm.Get_size())],
-                           newcomers) if newcomers else {}
-    given = None
-    if not new and mixing:   # (the numerators went by split; the parameters are x / w, rebuilt from them by the load)
-        given = dict(state, algo=_without_numerators(state["algo"]),
-                     model=_without_parameters(state["model"], run.model))
-    elif not new:
-        given = state
-    t_hand = time.perf_counter()
-    received = heal.handover(given, comm=comm, plan=plan, timeout=run.timeout, op=OP)
-    parts["handover_s"] = time.perf_counter() - t_hand
-    t_load = time.perf_counter()
-    if new:
-        state = received
-        if mixing:   # its own parameters stand in: the algorithm's load writes x / w over them
-            state["model"] = {**run.model.state_dict(), **state["model"]}
-    if mixing:
-        part = _mixing_part(state["algo"])
-        if new:
-            part["numerators"] = [torch.from_numpy(x) for x in xs]
-        for c, w, total, scale in zip(part["comms"], ws, totals, scales):
-            c["weight"] = w
-            if "total_weight" in c:   # Σw, against which the next failure's loss is reckoned
-                c["total_weight"] = total * scale
-    _align(state["algo"], int(state["step"]))
-    run.model.load_state_dict(state["model"])   # (the rebuilt algorithm broadcast rank 0's)
-    run.algo.load_state_dict(state["algo"])
-    if new:
-        _adopt(run, state)
-    parts["load_s"] = time.perf_counter() - t_load
-    beside = dict(beside or {})
-    t_pause = beside.pop("t_pause", None)
-    record = {"ranks": list(newcomers), "donors": {str(k): v for k, v in plan.items()}, "spawn_s": spawn_s,
-              **({"weight_before": totals, "scaled_by": scales} if mixing else {}),
-              **beside, "pause_s": time.perf_counter() - t_pause if t_pause is not None else None,
-              "heal_s": time.perf_counter() - t_heal, "heal_parts": parts,
-              "total_s": time.perf_counter() - t0 if t0 is not None else None,
-              "back_at_s": time.perf_counter() - run.t_start if t0 is not None else None, "refused": refused}
-    gathered = deadline.allgather(comm, (record, socket.gethostname(), _digest(run.model)), timeout=run.timeout, op=OP)
-    run.hosts = [host for _, host, _ in gathered]
-    # z unchanged by the split and the handover: each newcomer's parameters are its donor's, bit for bit
-    as_donor = all(gathered[n][2] == gathered[d][2] for n, d in plan.items())
-    # the first survivor's record (a newcomer, rank 0 too when rank 0 died, timed nothing), where each newcomer runs
-    first = min(r for r in range(comm.Get_size()) if r not in newcomers)
-    record = dict(gathered[first][0], as_donor=as_donor, hosts={str(r): run.hosts[r] for r in newcomers},
-                  heal_parts={k: max(g[0]["heal_parts"].get(k, 0.0) for g in gathered) for k in parts})  # the slowest rank's
-    run.failures[-1]["replaced"] = record
-    run.evaluate = Evaluator(run.eval_model, run.x_test, run.y_test, comm=comm, timeout=run.timeout)
-    run.algo.after_failure = run._follow_algorithm
-    run.failures_seen = 0
-    if comm.Get_rank() == first and newcomers:
-        print(f"\n{run.algorithm}: rank{'s' if len(newcomers) > 1 else ''} {', '.join(map(str, newcomers))} "
-              f"replaced: back at {comm.Get_size()} ranks in {record['total_s']:.2f} s (spawn {spawn_s:.2f} s, "
-              f"{record.get('steps_beside', 0)} steps beside the newcomer's start, then a pause of "
-              f"{record['pause_s'] or 0:.2f} s: heal {record['heal_s']:.2f} s)", flush=True)
-
-
-def weight_accounted(summary, group=0):
-    """The Σw a PushSum-family run under ``--on-failure continue|replace`` must end with, from its
-    ``summary.json`` alone: the initial size, less each failure's ``weight_lost``, times each
-    heal's ``scaled_by``. Raises ValueError where a heal's ``weight_before`` is not what the
-    record before it leaves (mass created or lost unrecorded)."""
-    total = float(summary["initial_world_size"])
-    for f in summary.get("failures", []):
-        total = (total - f["weight_lost"]) * f.get("scaled_by", 1.0)   # (the survivors' rescale)
-        healed = f.get("replaced") or {}
-        if "scaled_by" in healed:
-            before = healed["weight_before"][group]
-            if abs(before - total) > 1e-9 * max(1.0, total):
-                raise ValueError(f"the heal of rank(s) {healed.get('ranks')} found Σw = {before!r}, the record "
-                                 f"before it leaves {total!r}")
-            total *= healed["scaled_by"][group]
-    return total
-
-
-def _mixing_part(algo_state):
-    """The part of an algorithm's state that holds the PushSum numerators and weights (an outer
-    optimizer's: its base's)."""
-    return algo_state["base"] if "base" in algo_state else algo_state
-
-
-def _without_numerators(algo_state):
-    if "base" in algo_state:
-        return dict(algo_state, base=dict(algo_state["base"], numerators=None))
-    return dict(algo_state, numerators=None)
-
-
-def _digest(model):
-    """A hash of a model's parameters' bytes."""
-    h = hashlib.blake2b(digest_size=16)
-    for p in model.parameters():
-        h.update(p.detach().cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _without_parameters(model_state, model):
-    """A model's state without its parameters (the buffers stay): for the PushSum family, whose
-    parameters every rank's ``load_state_dict`` sets to its de-biased ``x / w``."""
-    named = {name for name, _ in model.named_parameters()}
-    return {k: v for k, v in model_state.items() if k not in named}
-
-
-def _align(algo_state, step):
-    """The step counters of an algorithm's state set to ``step``, the same on every rank (the
-    messages of a step pair up by its number)."""
-    parts = [algo_state, *([algo_state["base"]] if "base" in algo_state else [])]
-    for part in [*parts, *(c for p in parts for c in p.get("comms", []))]:
-        if "steps" in part:
-            part["steps"] = step
-
-
-def _adopt(run, state):
-    """A newcomer takes on its donor's place in the run: optimizer, step, clock, failures."""
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.start_step = int(state["step"])
-    run.times = dict(state["times"])
-    run.before = dict(state["clock"])
-    run.failures = [dict(f) for f in state["failures"]]
-    run.initial_size = int(state["initial_world_size"])
-    run.rng = np.random.default_rng([run.args.seed, run.rank, run.start_step])
-    run.slow_rng = random.Random(f"delay:{run.args.seed}:{run.rank}:{run.start_step}")
 
 
 def newcomer_main(args, run_class, out, arrival):

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from mpigossip.train.regrow import weight_accounted
+from mpigossip.train.handover import weight_accounted
 from tests.slurm.jobs import check_binding, finish, job_fields, ranks, same_result, sbatch, start, stop, submit, summary
 
 CLUSTER_DIR = os.environ.get("MPIGOSSIP_CLUSTER_DIR", "/tmp/mpigossip-cluster")
