@@ -165,7 +165,11 @@ def poll(run, step, *, final=False):
         return step
     if agreed == 2:
         with _named(run.out, run.lost, step):
-            return _finish(run, step)
+            try:
+                return _finish(run, step)
+            except (failures.PeerFailure, MPI.Exception):
+                joining.spawned.abandon()   # (before the merge: the newcomers end at once, not at their deadline)
+                raise
     if agreed == 1:   # as a spawn that cannot start: on at the smaller size, one warning
         give_up(run, f"not ready within {run.timeout:g} s (--timeout)", grow_again=False)
         if run.comm.Get_rank() == 0:
