@@ -57,7 +57,7 @@ def test_train_decides_before_mpi_starts(monkeypatch):
     from mpigossip import __main__ as main
     from mpigossip.train import compare, job
     seen = {}
-    monkeypatch.setattr(job, "main", lambda args: seen.setdefault("train", os.environ.get(VARIABLE)) and 0)
+    monkeypatch.setattr(job, "main", lambda args, arrival=None: seen.setdefault("train", os.environ.get(VARIABLE)) and 0)
     monkeypatch.setattr(compare, "main", lambda args: seen.setdefault("compare", os.environ.get(VARIABLE)) and 0)
     for key, value in dict(MPIRUN, **{CORES_VARIABLE: "2"}).items():
         monkeypatch.setenv(key, value)
