@@ -7,7 +7,7 @@ After a failure has shrunk a communicator to its survivors (an averager's ``on_f
 running the same program (``argv``, by default this process's own command line), on the slots
 the launcher has free, and returns once they are in ``MPI_Init``. A newcomer finds itself with
 :func:`newcomer` and calls :func:`arrive`: it learns the rank it takes (a dead rank's) and the
-grown size, and whatever the survivors told it, so that it can prepare (load its data shard,
+grown size, so that it can prepare (load its data shard,
 build its model) while the survivors go on with their work: the survivors' :class:`Spawned`
 says when every newcomer is ready (:meth:`Spawned.ready`, an ``MPI_Ibarrier`` over the
 intercommunicator that a newcomer enters in :func:`join`). :meth:`Spawned.merge` (on the
@@ -98,7 +98,7 @@ class Spawned:
                       peer="the newcomers")
         self.merged = True
         grown = _merge(self.inter, high=False, key=lambda merged: self._survivors[self.comm.Get_rank()],
-                       lost=self.lost, timeout=timeout, op=op)
+                       timeout=timeout, op=op)
         return Grown(grown, self.lost, self.seconds + time.monotonic() - start)
 
     def abandon(self, timeout: float = 2.0) -> None:
@@ -122,10 +122,10 @@ class Spawned:
 
 
 def spawn(comm: MPI.Intracomm, lost: list[int], *, argv: list[str] | None = None, timeout: float,
-          info: dict[str, str] | None = None, tell: Any = None, op: str = "grow.spawn") -> Spawned | None:
+          info: dict[str, str] | None = None, op: str = "grow.spawn") -> Spawned | None:
     """Collective over the survivors: start one process per lost rank running ``argv``
-    (default: this process's command line), and tell each (:func:`arrive`) the rank it takes
-    and ``tell`` (a small picklable object). Returns a :class:`Spawned` as soon as the
+    (default: this process's command line), and tell each (:func:`arrive`) the rank it takes.
+    Returns a :class:`Spawned` as soon as the
     newcomers are in ``MPI_Init``, or None (one warning) if the spawn was refused.
 
     Args:
@@ -165,7 +165,7 @@ def spawn(comm: MPI.Intracomm, lost: list[int], *, argv: list[str] | None = None
     inter.Set_errhandler(MPI.ERRORS_RETURN)
     told = []
     if comm.Get_rank() == 0:   # each newcomer's place (eager: the requests complete without the newcomer)
-        told = [inter.isend((lost, i, before, hosts, tell), dest=i, tag=_TAG_PLACE) for i in range(len(lost))]
+        told = [inter.isend((lost, i, before, hosts), dest=i, tag=_TAG_PLACE) for i in range(len(lost))]
     return Spawned(comm, inter, lost, survivors, time.monotonic() - start, told)
 
 
@@ -190,13 +190,10 @@ class Arrival:
         lost: the ranks all the newcomers take.
         local_rank: its index among the grown communicator's ranks on its node (by processor
             name), as :func:`mpigossip.core.nodes.local_rank` will give it: the GPU to pick.
-        told: what the survivors passed to :func:`spawn` as ``tell``.
     """
 
-    def __init__(self, parent: MPI.Intercomm, lost: list[int], rank: int, size: int, local_rank: int,
-                 told: Any) -> None:
-        self.parent, self.lost, self.rank, self.size, self.told = parent, lost, rank, size, told
-        self.local_rank = local_rank
+    def __init__(self, parent: MPI.Intercomm, lost: list[int], rank: int, size: int, local_rank: int) -> None:
+        self.parent, self.lost, self.rank, self.size, self.local_rank = parent, lost, rank, size, local_rank
 
     def Get_rank(self) -> int:   # (an Arrival stands in for the communicator until join())
         return self.rank
@@ -217,12 +214,12 @@ def arrive(*, timeout: float, op: str = "grow.arrive") -> Arrival:
     parent.Set_errhandler(MPI.ERRORS_RETURN)
     failures.note_recovered()   # (MPI_Finalize would wait for the survivors' disconnect: end with failures.exit)
     with failures.blocking_deadline(timeout, f"{op}: no word from the survivors within {timeout:g} s"):
-        lost, index, size, hosts, told = parent.recv(source=0, tag=_TAG_PLACE)
+        lost, index, size, hosts = parent.recv(source=0, tag=_TAG_PLACE)
     rank, here = int(lost[index]), MPI.Get_processor_name()
     for new, host in zip(lost, deadline.allgather(MPI.COMM_WORLD, here, timeout=timeout, op=op)):
         hosts[new] = host   # (the newcomers' own: they were spawned together)
     local = sorted(r for r, host in hosts.items() if host == here).index(rank)
-    return Arrival(parent, list(lost), rank, int(size), local, told)
+    return Arrival(parent, list(lost), rank, int(size), local)
 
 
 def join(arrival: Arrival | None = None, *, timeout: float, op: str = "join") -> tuple[MPI.Intracomm, list[int]]:
@@ -252,12 +249,11 @@ def join(arrival: Arrival | None = None, *, timeout: float, op: str = "join") ->
     for what in ("ready", "the go"):   # (Spawned.ready, then Spawned.merge)
         deadline.wait_until(done(parent.Ibarrier()), comm=MPI.COMM_WORLD, timeout=timeout,
                             op=f"{op}: the survivors ({what})", peer="the survivors")
-    lost = list(arrival.lost)
-    grown = _merge(parent, high=True, key=lambda merged: arrival.rank, lost=lost, timeout=timeout, op=op)
-    return grown, sorted(lost)
+    grown = _merge(parent, high=True, key=lambda merged: arrival.rank, timeout=timeout, op=op)
+    return grown, list(arrival.lost)   # (sorted: spawn() sorts them)
 
 
-def _merge(inter: MPI.Intercomm, *, high: bool, key: Any, lost: list[int], timeout: float, op: str) -> MPI.Intracomm:
+def _merge(inter: MPI.Intercomm, *, high: bool, key: Any, timeout: float, op: str) -> MPI.Intracomm:
     """Merge (survivors first) and split so that every rank takes ``key(merged)``."""
     with failures.blocking_deadline(timeout, f"{op}: merging with the replacements did not end within {timeout:g} s"):
         merged = inter.Merge(high=high)

@@ -65,7 +65,7 @@ def grow_back(run, step):
     model): :func:`poll` after every step finds them ready, and the survivors grow back then,
     all at one step (:func:`_finish`).
 
-    The algorithm is drained first (its state taken): where its drain is collective (AGP) a rank
+    The algorithm is drained first: where its drain is collective (AGP) a rank
     that died since the failure was followed is met there, by the survivors together, and
     followed (``run.lost`` then names it too; ranks that drift are in no other collective). One
     that dies before the survivors agree to grow (met by some of them in the agreement, by
@@ -75,7 +75,7 @@ def grow_back(run, step):
     t0 = time.perf_counter()
     if os.environ.get(KILL_BEFORE_GROW, "") == str(MPI.COMM_WORLD.Get_rank()) and not run.newcomer:
         os.kill(os.getpid(), signal.SIGKILL)
-    state = checkpoint.state_of(run, step)   # (drains the algorithm first)
+    run.algo.drain()
     steps = None
     try:
         steps = deadline.allgather(run.comm, int(step), timeout=run.timeout, op=OP)
@@ -94,7 +94,8 @@ def grow_back(run, step):
     with _named(run.out, run.lost, step):
         spawned = grow.spawn(run.comm, run.lost, argv=argv, timeout=run.timeout, info=_placement(run), op=OP)
         if spawned is None:   # refused: on at the smaller size (the survivors' heal: the rescale)
-            state["step"] = step = max(steps)
+            step = max(steps)
+            state = checkpoint.state_of(run, step)
             run.algo.free()
             rebuild(run, run.comm)
             heal_run(run, [], state, t0=t0, refused=True)
@@ -131,9 +132,9 @@ class Joining:
         self.request = self.comm.Iallreduce(MPI.IN_PLACE, self.flag, MPI.MAX)
         return agreed
 
-    def close(self):
+    def close(self, timeout):
         if self.request is not None:   # (started by every survivor, like the one just completed)
-            failures.wait([self.request], comm=self.comm, timeout=60.0, op=f"{OP} (the newcomers' start)")
+            failures.wait([self.request], comm=self.comm, timeout=timeout, op=f"{OP} (the newcomers' start)")
         self.comm.Free()
 
     def abandon(self, why):
@@ -190,7 +191,7 @@ def _finish(run, step):
     beside_s = t_pause - joining.t_spawned
     state = checkpoint.state_of(run, step)   # (drains the algorithm first)
     step = max(deadline.allgather(run.comm, int(step), timeout=run.timeout, op=OP))
-    joining.close()
+    joining.close(run.timeout)
     state["step"] = step
     run.algo.free()
     grown = joining.spawned.merge(timeout=run.timeout, op=OP)
