@@ -73,8 +73,14 @@ def test_osgp_conserves_mass_under_delays(kind, stage, max_delay):
 @pytest.mark.parametrize("kind, stage", KIND_ONLY)
 def test_easgd_conserves_mass_under_delays(kind, stage):
     """Every rank a worker, exchanging at its own pace with local updates between exchanges:
-    Σ workers + center is the initial total plus every update, exactly (alpha = 1 keeps
-    integers integer however the exchanges interleave)."""
+    Σ workers + center is the initial total plus every update, to rounding.
+
+    The rate is the paper's, ``alpha = 1 / P`` (beta 1), the stable one. A rate of 1 kept
+    integers integer but is unstable as soon as exchanges overlap (the center's distance to
+    the workers grows by up to P per round): at 8 ranks on 2 cores it reached 2e15 in 16 steps,
+    past float64's exact integers, and the sum no longer matched. Here the values stay below
+    about 3,000, rounding is below 1e-9, and one lost or doubled exchange moves the total by
+    ``alpha * |x - center|``, hundreds at the start."""
     c = comm()
     x = make(kind, integers(30 + c.rank, -1000, 1000))
     d = make(kind, integers(40 + c.rank, -2, 3))
@@ -82,7 +88,8 @@ def test_easgd_conserves_mass_under_delays(kind, stage):
     srv = mg.ParameterServer(N, np.float64, comm=c, servers=min(2, c.size), init=center0)
     steps = 16
     expected = global_sum(c, to_host(x)) + center0 + steps * global_sum(c, to_host(d))
-    ea = mg.ElasticAveraging(x, srv, beta=1.0, workers=1)
+    ea = mg.ElasticAveraging(x, srv, beta=1.0)
+    assert ea.alpha == 1.0 / c.size
     jitter = Jitter("easgd")
     for _ in range(steps):
         x += d
@@ -90,7 +97,10 @@ def test_easgd_conserves_mass_under_delays(kind, stage):
         ea.step()
     c.Barrier()
     center = srv.pull(np.empty(N))
-    assert np.array_equal(global_sum(c, to_host(x)) + center, expected), "elastic exchange lost mass"
+    largest = max(c.allgather(float(np.abs(to_host(x)).max())))
+    assert largest < 4000, f"the exchange diverged at the stable rate (|x| up to {largest:.3g})"
+    error = float(np.abs(global_sum(c, to_host(x)) + center - expected).max())
+    assert error < 1e-6, f"elastic exchange lost or duplicated mass (off by up to {error:.3g})"
     srv.free()
 
 
