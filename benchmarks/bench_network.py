@@ -42,6 +42,7 @@ from mpi4py import MPI
 import mpigossip as mg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _p4_probe import Probe  # noqa: E402
 from _timing import side_by_side  # noqa: E402
 
 
@@ -183,41 +184,48 @@ def _trainer(name, mb, comm, seed=0, **options):
     return step, algo, spent
 
 
-def _own_rate(comm, step, steps, sleep_s, spent):
+def _own_rate(comm, step, steps, sleep_s, spent, probe):
     """(steps per second of this rank's own run of ``steps`` steps after 2 warm-up steps,
-    mean seconds of those steps spent in the algorithm's step)."""
+    mean seconds of those steps spent in the algorithm's step, the probe's parts of them)."""
     for _ in range(2):
         step(sleep_s)
     comm.Barrier()
     del spent[:]
+    probe.start()
     t0 = time.perf_counter()
     for _ in range(steps):
         step(sleep_s)
-    return steps / (time.perf_counter() - t0), float(np.mean(spent))
+    rate = steps / (time.perf_counter() - t0)
+    return rate, float(np.mean(spent)), dict(probe.result(steps), step_ms=float(np.mean(spent)) * 1e3)
 
 
 def _p4_runs(comm, args, mb, n_nodes):
     """P4 rows for one size: every algorithm ``--p4-repeats`` times, interleaved."""
     runs = {label: [] for label in args.p4_algorithms}  # label -> [(rate, rate_straggler, exchange_s)]
     by_rank = {label: [] for label in args.p4_algorithms}  # label -> [(each rank's rate, ... straggler)]
+    parts = {label: [] for label in args.p4_algorithms}  # label -> [(each rank's parts, ... straggler)]
     for _ in range(args.p4_repeats):
         for label in args.p4_algorithms:
             name, _, delay = label.partition(":")
             options = {"max_delay": int(delay or 1)} if name == "osgp" else {"servers": int(delay)} \
                 if name == "easgd" and delay else {}
-            rates, own_rates, exchange = [], [], 0.0
+            rates, own_rates, own_parts, exchange = [], [], [], 0.0
             for slow in (1.0, 2.0):
                 factor = slow if comm.rank == 1 else 1.0
                 step, algo, spent = _trainer(name, mb, comm, **options)
-                own, in_step = _own_rate(comm, step, args.p4_steps, factor * args.compute_ms / 1e3, spent)
+                probe = Probe(algo)
+                own, in_step, mine = _own_rate(comm, step, args.p4_steps, factor * args.compute_ms / 1e3, spent, probe)
+                probe.detach()
                 algo.drain()
                 algo.free()
                 rates.append(comm.allreduce(own))
                 own_rates.append(comm.allgather(own))
+                own_parts.append(comm.allgather(mine))
                 if slow == 1.0:
                     exchange = comm.allreduce(in_step) / comm.size
             runs[label].append((rates[0], rates[1], exchange))
             by_rank[label].append(own_rates)
+            parts[label].append(own_parts)
     base = runs.get("allreduce")
     rows = []
     for label, got in runs.items():
@@ -230,6 +238,8 @@ def _p4_runs(comm, args, mb, n_nodes):
                "runs": [[float(v) for v in r] for r in got],
                "rank_steps_per_s": [[float(v) for v in r[0]] for r in by_rank[label]],
                "rank_steps_per_s_straggler": [[float(v) for v in r[1]] for r in by_rank[label]],
+               # each repeat's, each rank's parts of a step (_p4_probe): CPU, locks and reads, AGP's counts
+               "rank_parts": [r[0] for r in parts[label]], "rank_parts_straggler": [r[1] for r in parts[label]],
                "exchange_ms": float(np.median(a[:, 2])) * 1e3,
                "link_ms": mb * 2 ** 20 / (args.rate_gbit * 1e9 / 8) * 1e3, "rate_gbit": args.rate_gbit,
                "cores": os.cpu_count(), "cores_per_node": os.environ.get("MPIGOSSIP_CORES_PER_NODE")}

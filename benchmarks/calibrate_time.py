@@ -12,6 +12,8 @@ they ran: ``OMPI_MCA_btl_tcp_progress_thread=1``). Rank 0 and the first rank on 
 * ``rma_rate``: a one-sided read of the same bytes from rank 1's window, in the package's
   pieces (:mod:`mpigossip.onesided.rma`), under a shared lock, as a fraction of ``link_rate``;
   ``rma_lock``: an exclusive lock and unlock on rank 1's window with nothing moved;
+  ``gets_shared``: whether the two reading each other's window at once take more than 1.5x one
+  read (Open MPI 5's TCP transport: twice; a rank's gets, served and its own, share a link's rate);
 * ``wire_cpu``: every rank sends ``--mb`` MB to its counterpart on the next node at once; where
   that takes longer than the links allow and the nodes share the cores, the cores held it: CPU
   seconds per byte on each side (0 otherwise);
@@ -91,7 +93,7 @@ def _network(comm, nbytes, repeats, peer):
 
     latency = _median(ping, repeats)
     send_s = _median(one_way, repeats)
-    win = rma.allocate(comm, nbytes if rank == peer else 0, 1, what="calibrate_time")
+    win = rma.allocate(comm, nbytes if rank in (0, peer) else 0, 1, what="calibrate_time")
     out = np.empty(nbytes, np.uint8)
 
     def read():
@@ -103,6 +105,16 @@ def _network(comm, nbytes, repeats, peer):
             win.Unlock(peer)
         return time.perf_counter() - t0
 
+    def both():   # rank 0 and the peer read each other's window at once
+        _quiet_barrier(comm)
+        t0 = time.perf_counter()
+        if rank in (0, peer):
+            target = peer if rank == 0 else 0
+            win.Lock(target, MPI.LOCK_SHARED)
+            MPI.Request.Waitall(rma.rget(win, out, MPI.BYTE, target))
+            win.Unlock(target)
+        return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
     def lock():
         _quiet_barrier(comm)
         t0 = time.perf_counter()
@@ -112,10 +124,11 @@ def _network(comm, nbytes, repeats, peer):
         return time.perf_counter() - t0
 
     read_s = _median(read, repeats)
+    both_s = _median(both, repeats)
     lock_s = _median(lock, repeats)
     _quiet_barrier(comm)
     win.Free()
-    return latency, send_s, read_s, lock_s
+    return latency, send_s, read_s, both_s, lock_s
 
 
 def _all_exchange(comm, nbytes, repeats, hosts):
@@ -253,7 +266,7 @@ def main():
     if not others:
         sys.exit("calibrate_time.py: every rank is on one node: run it across nodes")
     nbytes = int(args.mb * 2 ** 20)
-    latency, send_s, read_s, lock_s = _network(comm, nbytes, args.repeats, others[0])
+    latency, send_s, read_s, both_s, lock_s = _network(comm, nbytes, args.repeats, others[0])
     exchange_s, per_node = _all_exchange(comm, nbytes, args.repeats, hosts)
     cpu = _cpu(nbytes, args.mb, args.repeats) if comm.Get_rank() == 0 else None
     _quiet_barrier(comm)
@@ -278,6 +291,7 @@ def main():
         "latency": latency,
         "rma_rate": min(1.0, nbytes / max(1e-9, read_s - 2 * latency) / link_rate),
         "rma_lock": lock_s,
+        "gets_shared": both_s > 1.5 * read_s,
         "shm_rate": nbytes / cpu["copy_s"] / 2,
         "pass_rate": nbytes / cpu["pass_s"],
         "message_cpu": cpu["message_s"] / 2,
@@ -293,7 +307,7 @@ def main():
             "mpi": MPI.Get_library_version().splitlines()[0].rstrip("\x00"),
             "progress_thread": os.environ.get("OMPI_MCA_btl_tcp_progress_thread", "unset")}
     raw = {"method_cpu_s": {m: {str(k): v for k, v in per.items()} for m, per in (methods or {}).items()},
-           "send_s": send_s, "read_s": read_s, "lock_s": lock_s, "exchange_s": exchange_s, "per_node": per_node,
+           "send_s": send_s, "read_s": read_s, "gets_both_ways_s": both_s, "lock_s": lock_s, "exchange_s": exchange_s, "per_node": per_node,
            "exchange_link_s": link_s, **{k: v for k, v in cpu.items() if k != "steps"},
            "step_s": {str(k): v for k, v in cpu["steps"].items()}}
     text = json.dumps({"meta": meta, "costs": costs, "raw": raw}, indent=2)

@@ -439,3 +439,63 @@ def test_agp_model_keeps_mass_one_message_per_out_peer_and_its_receive_slots():
     assert all(0 <= k < work.warmup + work.steps and 0 <= sent <= work.warmup + work.steps
                for _, k, sent in run.combined)
     assert max(k - sent for _, k, sent in run.combined) > 1     # 50 MB over 1 Gbit: shares wait steps
+
+
+def test_each_ranks_cpu_and_parts_of_a_step_are_reported():
+    """What ``benchmarks/p4_parts.py`` sets beside the measured parts: each rank's CPU charge per
+    step (its work and the network stack's on both sides of each message between nodes) and
+    each method's parts (gossip pull's reads, AGP's messages)."""
+    wire_cpu = 1e-9
+    costs = Costs(link_rate=100 * MB, cores=4, cores_shared=True, latency=0.0, message_cpu=0.0, wire_cpu=wire_cpu,
+                  rma_rate=1.0, rma_lock=0.0, method_cpu={"sgp": [0.01, 0.002], "gossip-pull": [0.0, 0.001]},
+                  gets_shared=True)
+    work = Workload(mb=10, compute=0.05, steps=8, warmup=2)
+    sgp = simulate("sgp", 2, 1, work, costs)   # a message out and one in each step
+    assert sgp["cpu_s"] == [pytest.approx(0.01 + 0.02 + 2 * 10 * MB * wire_cpu)] * 2
+    pull = simulate("gossip-pull", 2, 1, work, costs)
+    for parts in pull["parts"]:
+        assert 0 < parts["reads"] <= 1
+        # a read alone at the link's rate; at most twice that while the target reads from its reader
+        assert 0.1 * 0.99 <= parts["read"] / parts["reads"] <= 0.2 * 1.01
+    agp = simulate("agp", 2, 1, Workload(mb=1, compute=0.05, steps=8, warmup=2), costs)
+    sent = sum(p.get("sent", 0.0) for p in agp["parts"]) / 2
+    assert sent == pytest.approx(1.0)   # a 10 ms message every 50 ms step: each step's share leaves at once
+    assert agp["models_moved_per_step"] == pytest.approx(sent, rel=0.2)
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_one_sided_gets_through_one_rank_share_its_rate_and_sends_do_not(nodes):
+    """Measured with Open MPI 5's TCP transport (``benchmarks/bench_directions.py``): a ring of
+    64 MB gets (rank r reads rank r+1), or two gets both ways, take twice one get's time, where a
+    ring of sends and puts both ways take one. The model: a rank's gets, served and its own,
+    cross one resource of a link's rate; a get alone, a put and a send do not slow."""
+    rate, nbytes = 100 * MB, 50 * MB
+
+    def ends(kind):
+        cl = Cluster(nodes, 1, link_rate=rate, latency=0.0, gets_shared=True)
+        times = []
+        for r in range(nodes):
+            peer = (r + 1) % nodes
+            if kind == "get":    # r reads peer: the bytes flow peer -> r
+                done = cl.wire(peer, r, nbytes, by=r, get=True)
+            else:                # r sends (or puts) to peer
+                done = cl.wire(r, peer, nbytes)
+            done.then(lambda _, cl=cl: times.append(cl.engine.now))
+        cl.engine.run()
+        return times
+
+    one = nbytes / rate
+    assert ends("get") == [pytest.approx(2 * one)] * nodes
+    assert ends("send") == [pytest.approx(one)] * nodes
+    cl = Cluster(nodes, 1, link_rate=rate, latency=0.0, gets_shared=True)
+    alone = []
+    cl.wire(1, 0, nbytes, by=0, get=True).then(lambda _: alone.append(cl.engine.now))
+    cl.engine.run()
+    assert alone == [pytest.approx(one)]
+    # off (RDMA NICs; the predictions at scale): every get of the ring at its links' rate
+    cl = Cluster(nodes, 1, link_rate=rate, latency=0.0)
+    ring = []
+    for r in range(nodes):
+        cl.wire((r + 1) % nodes, r, nbytes, by=r, get=True).then(lambda _: ring.append(cl.engine.now))
+    cl.engine.run()
+    assert ring == [pytest.approx(one)] * nodes

@@ -30,10 +30,12 @@ class Cluster:
         wire_cpu: CPU seconds per byte between nodes, on each side (the network stack's copies).
         eager: bytes up to which a message leaves before its receive is posted (Open MPI's TCP
             eager limit); a larger one waits for the receive (rendezvous).
+        gets_shared: a rank's one-sided gets between nodes, served and its own, share one
+            link's rate (see :meth:`wire`).
     """
 
     def __init__(self, nodes, ranks_per_node, *, link_rate, latency=5e-5, cores=None, cores_shared=False,
-                 shm_rate=5e9, message_cpu=0.0, wire_cpu=0.0, eager=65536):
+                 shm_rate=5e9, message_cpu=0.0, wire_cpu=0.0, eager=65536, gets_shared=False):
         if nodes < 1 or ranks_per_node < 1:
             raise ValueError(f"need at least one node and one rank per node, got {nodes} x {ranks_per_node}")
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
@@ -48,11 +50,18 @@ class Cluster:
         pools = ["cpu"] if cores_shared else [f"cpu{n}" for n in range(nodes)]
         for pool in pools:
             capacity[pool] = self.cores
+        self.gets_shared = gets_shared and nodes > 1
+        if self.gets_shared:   # each rank's one-sided gets, served and its own, between nodes (see wire's ``get``)
+            for r in range(self.size):
+                capacity[f"get{r}"] = link_rate
         self.engine = Engine()
         self.fabric = Fabric(self.engine, capacity)
         self._mail = {}
         #: every delivery: (time it completed, rank whose operation it was, bytes, between nodes)
         self.deliveries = []
+        #: every CPU charge: (time it was asked for, rank, core seconds): a rank's work, and the
+        #: network stack's per byte on each side of a message between nodes
+        self.charges = []
 
     def node(self, rank):
         return rank // self.ranks_per_node
@@ -66,14 +75,20 @@ class Cluster:
 
     def cpu(self, rank, seconds):
         """``seconds`` of one core's work by ``rank``, sharing its pool."""
+        self.charges.append((self.engine.now, rank, seconds))
         return self.fabric.transfer(seconds, [self._pool(rank)], cap=1.0)
 
-    def wire(self, src, dst, nbytes, *, rate=1.0, by=None):
+    def wire(self, src, dst, nbytes, *, rate=1.0, by=None, get=False):
         """The bytes of one message on the wire from ``src``'s node to ``dst``'s (shared
         memory inside a node); ``rate``: the fraction of a link this kind of message can use
         (one-sided gets, for instance, move at part of it); ``by``: the rank whose operation
         it is (default ``src``), credited in :attr:`deliveries` once the bytes have arrived (a
-        message still on the wire has moved nothing yet)."""
+        message still on the wire has moved nothing yet). ``get``: a one-sided get (``src``
+        the target, ``dst`` the reader): with ``gets_shared``, between nodes its bytes also
+        cross both ranks' get resource, one link's rate each, which every get a rank serves or
+        makes shares (measured with Open MPI 5's TCP transport: two 64 MB gets in opposite
+        directions, or a ring of three, take twice one get's time; a ring of sends and puts
+        both ways at once take one)."""
         who = src if by is None else by
         a, b = self.node(src), self.node(dst)
         if a == b:
@@ -81,9 +96,12 @@ class Cluster:
         else:
             cap = rate * self.fabric.capacity[f"up{a}"] if rate < 1 else math.inf
             uses = {f"up{a}": 1.0, f"down{b}": 1.0}
+            if get and self.gets_shared:
+                uses[f"get{src}"] = uses[f"get{dst}"] = 1.0
             if self.wire_cpu:   # the network stack's work on both sides, from the cores
                 for pool in (self._pool(src), self._pool(dst)):
                     uses[pool] = uses.get(pool, 0.0) + self.wire_cpu
+                self.charges += [(self.engine.now, src, nbytes * self.wire_cpu), (self.engine.now, dst, nbytes * self.wire_cpu)]
             done = self.fabric.transfer(nbytes, uses, cap=cap, latency=self.latency)
         done.then(lambda _: self.credit(who, nbytes, a != b))
         return done

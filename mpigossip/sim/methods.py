@@ -110,6 +110,9 @@ class Steps:
         self.min_weight = 2.0 ** -10         # AsyncPushSum(min_weight=...): below it a rank keeps its shares
         self.held = [0] * self.n             # AGP: steps a rank kept its shares (its weight below the floor)
         self.sent = [0] * self.n             # AGP: messages each rank sent
+        #: each rank's parts of each of its steps (gossip pull's lock waits and reads, in seconds;
+        #: AGP's messages sent): rank -> {step: {part: value}}
+        self.parts = [{} for _ in range(self.n)]
         self.pending = [{} for _ in range(self.n)]    # OSGP: step -> (sends, receives) not yet complete
 
     # --- building blocks ---
@@ -128,7 +131,7 @@ class Steps:
     def rma(self, me, target, nbytes, read):
         """A one-sided read (target -> me) or write (me -> target)."""
         src, dst = (target, me) if read else (me, target)
-        return self.cl.wire(src, dst, nbytes, rate=self.costs.rma_rate, by=me)
+        return self.cl.wire(src, dst, nbytes, rate=self.costs.rma_rate, by=me, get=read)
 
     # --- a rank ---
     def rank(self, r):
@@ -289,6 +292,7 @@ class Steps:
         if out[1] == 0.0 or (out[0] is not None and not out[0].done):
             return
         self.sent[r] += 1
+        self._part(r, k, "sent", 1)
         key = ("agp", r, d, self.sent[r])
         out[0] = self.cl.send(r, d, self.M + 8, key)
         self.announced[d].append((key, out[1], k))   # its weight, a small message probed by d
@@ -303,6 +307,7 @@ class Steps:
             self.posted[r] = [p for p in posted if not p[0].done]
             self.weight[r] += sum(w for _, w, _ in done)
             self.combined += [(r, k, sent) for _, _, sent in done]
+            self._part(r, k, "combined", len(done))
             yield self.passes(r, self.M, len(done))
         while self.announced[r] and len(self.posted[r]) < self.receives:
             key, w, sent = self.announced[r].pop(0)
@@ -310,17 +315,30 @@ class Steps:
 
     def _step_gossip_pull(self, r, k):
         t = self.rng.randrange(self.n)
+        engine = self.cl.engine
         if t != r:   # a shared lock on the target's window: waits while its owner publishes
             lock = self.lock(t)
+            t0 = engine.now
             yield lock.acquire(exclusive=False)
             yield self.cl.engine.timeout(self.costs.rma_lock)
+            t1 = engine.now
             yield self.rma(r, t, self.M, read=True)
             lock.release(exclusive=False)
+            self._part(r, k, "read_lock", t1 - t0)
+            self._part(r, k, "read", engine.now - t1)
+            self._part(r, k, "reads", 1)
         yield self.passes(r, self.M)
         lock = self.lock(r)   # publishing x into its own window, exclusive: waits for readers
+        t0 = engine.now
         yield lock.acquire()
+        self._part(r, k, "publish_lock", engine.now - t0)
         yield self.passes(r, self.M)
         lock.release()
+
+    def _part(self, r, k, name, value):
+        """Add ``value`` to rank ``r``'s part ``name`` of its step ``k`` (:attr:`parts`)."""
+        self.parts[r].setdefault(k, {})
+        self.parts[r][k][name] = self.parts[r][k].get(name, 0.0) + value
 
     def _step_adpsgd(self, r, k):
         if self.n == 1:

@@ -19,12 +19,14 @@ __all__ = ["cluster_costs", "delay_deciles", "predict", "markdown"]
 DEFAULT_METHODS = ("allreduce", "sgp", "osgp:2", "agp", "gossip-pull", "adpsgd", "easgd")
 
 
-def cluster_costs(costs, rate_gbit, *, per_node, wire_cpu=0.0, nominal_gbit=1.0):
+def cluster_costs(costs, rate_gbit, *, per_node, wire_cpu=0.0, gets_shared=False, nominal_gbit=1.0):
     """``costs`` for a cluster whose links run at ``rate_gbit`` (the calibration ran at
-    ``nominal_gbit``: its measured payload fraction is kept) with a core per rank."""
+    ``nominal_gbit``: its measured payload fraction is kept) with a core per rank, no CPU per
+    byte on the wire and one-sided gets at their links' rate (``wire_cpu``, ``gets_shared``:
+    the TCP transport's instead, as measured here)."""
     fraction = costs.link_rate / (nominal_gbit * 1e9 / 8)
     return dataclasses.replace(costs, link_rate=rate_gbit * 1e9 / 8 * fraction, cores=per_node,
-                               cores_shared=False, wire_cpu=wire_cpu)
+                               cores_shared=False, wire_cpu=wire_cpu, gets_shared=gets_shared)
 
 
 def delay_deciles(delays):

@@ -40,6 +40,10 @@ class Costs:
             at ``a + b * MB``, measured on one node; where given it replaces ``step_cpu`` and
             the method's kernel passes.
         cores: cores per pool; cores_shared: one pool for the whole machine.
+        gets_shared: a rank's one-sided gets between nodes, those it serves and its own,
+            share one link's rate (Open MPI 5's TCP transport, measured: a ring of gets, or two
+            gets both ways, take twice one get's time; ``benchmarks/bench_directions.py``).
+            False: each get at its links' rate (RDMA NICs, the predictions at scale).
     """
 
     link_rate: float = 120e6
@@ -55,6 +59,7 @@ class Costs:
     method_cpu: dict = dataclasses.field(default_factory=dict)
     cores: int = 2
     cores_shared: bool = False
+    gets_shared: bool = False
 
     @classmethod
     def load(cls, path):
@@ -90,7 +95,7 @@ def _run(method, nodes, ranks_per_node, work, costs, seed):
     """One simulation: the cluster and the method's ranks, run to the end."""
     cl = Cluster(nodes, ranks_per_node, link_rate=costs.link_rate, latency=costs.latency, cores=costs.cores,
                  cores_shared=costs.cores_shared, shm_rate=costs.shm_rate, message_cpu=costs.message_cpu,
-                 wire_cpu=costs.wire_cpu)
+                 wire_cpu=costs.wire_cpu, gets_shared=costs.gets_shared)
     run = Steps(method, cl, costs, work, seed)
     for r in range(cl.size):
         cl.engine.process(run.rank(r))
@@ -110,12 +115,15 @@ def _by_rank(cl):
     return per_rank
 
 
-def _measure(per_rank, run, first, last):
+def _measure(per_rank, run, first, last, charges=()):
     """Each rank over its own steps ``first..last`` (indices, inclusive): the sum over ranks
     of its steps per second, each rank's mean step, and the models each rank's operations
     delivered per step in that window (``per_rank``: :func:`_by_rank`), in all and between
-    nodes."""
+    nodes; ``cpu_s``: each rank's CPU charged per step (its work and the network stack's on
+    both sides of its messages, ``charges``: the cluster's) and ``parts``: each rank's parts
+    of a step (:attr:`~.methods.Steps.parts`), per step, in that window."""
     rates, steps, moved, between_nodes, between_rate = [], [], 0.0, 0.0, 0.0
+    cpu, parts = [0.0] * len(run.times), []
     count = last - first + 1
     for r, t in enumerate(run.times):
         start = t[first - 1] if first > 0 else 0.0
@@ -129,9 +137,19 @@ def _measure(per_rank, run, first, last):
                 mine += nbytes if between else 0.0
         between_nodes += mine
         between_rate += mine / span if span > 0 else 0.0
+        totals = {}
+        for k in range(first, last + 1):
+            for name, value in run.parts[r].get(k, {}).items():
+                totals[name] = totals.get(name, 0.0) + value
+        parts.append({name: value / count for name, value in sorted(totals.items())})
+    for when, rank, seconds in charges:
+        t = run.times[rank]
+        if (t[first - 1] if first > 0 else 0.0) <= when < t[last]:
+            cpu[rank] += seconds / count
     per_step = run.M * count * len(run.times) if run.M else math.inf
     out = {"steps_per_s": sum(rates), "step_s": steps, "models_moved_per_step": moved / per_step,
-           "internode_models_per_step": between_nodes / per_step, "internode_bytes_per_s": between_rate}
+           "internode_models_per_step": between_nodes / per_step, "internode_bytes_per_s": between_rate,
+           "cpu_s": cpu, "parts": parts}
     if run.name == "agp":   # how many of its own steps after a share left its receiver combined it
         out["message_delays"] = sorted(k - sent for _, k, sent in run.combined if first <= k <= last)
     return out
@@ -166,7 +184,7 @@ def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0, until_steady
     """
     if not until_steady:
         cl, run = _run(method, nodes, ranks_per_node, work, costs, seed)
-        out = _measure(_by_rank(cl), run, work.warmup, work.warmup + work.steps - 1)
+        out = _measure(_by_rank(cl), run, work.warmup, work.warmup + work.steps - 1, cl.charges)
         return dict(out, seconds=max(t[-1] for t in run.times), steps=work.steps, steady=None,
                     held=sum(run.held))
     n = nodes * ranks_per_node
@@ -181,7 +199,7 @@ def simulate(method, nodes, ranks_per_node, work, costs, *, seed=0, until_steady
         half = w.warmup + steps // 2
         per_rank = _by_rank(cl)
         a = _measure(per_rank, run, w.warmup, half - 1)
-        b = _measure(per_rank, run, half, w.warmup + steps - 1)
+        b = _measure(per_rank, run, half, w.warmup + steps - 1, cl.charges)
         span = sorted(s * (steps // 2) for s in b["step_s"])[len(b["step_s"]) // 2]
         long_enough = span >= 3 * message_s
         steady = (long_enough and _close(a["steps_per_s"], b["steps_per_s"], tolerance)

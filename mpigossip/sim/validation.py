@@ -47,12 +47,14 @@ def row_costs(row, costs, *, nominal_gbit=1.0):
     ``nominal_gbit``); where every rank of the row had a core of its own (``ranks`` <= the
     machine's ``cores``), the regime the predictions past this machine assume
     (:func:`.scaling.cluster_costs`: a core pool per node, a core per rank, no CPU per byte on the
-    wire), else the calibration's shared cores."""
+    wire; the rows' one-sided gets as the calibration's transport has them), else the
+    calibration's shared cores."""
     from .scaling import cluster_costs
     rate = float(row.get("rate_gbit", nominal_gbit))
     nodes, per_node = _nodes(row)
     if "cores" in row and int(row["ranks"]) <= int(row["cores"]):
-        return cluster_costs(costs, rate, per_node=per_node, nominal_gbit=nominal_gbit), "core per rank"
+        return (cluster_costs(costs, rate, per_node=per_node, gets_shared=costs.gets_shared, nominal_gbit=nominal_gbit),
+                "core per rank")
     return _at_rate(costs, rate, nominal_gbit), "shared cores" if costs.cores_shared else "calibrated cores"
 
 
