@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.registry import ALGORITHMS, HIERARCHICAL, OPTIONS, OUTER, options_of
 from .allreduce import AllReduce
-from .base import _Wrapper  # noqa: F401 - for subclasses outside the package
+from .base import BROADCAST, _Wrapper  # noqa: F401 - _Wrapper: for subclasses outside the package
 from .decentralized import ADPSGD, DPSGD
 from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 from .gossip import GossipPull, GossipPush
@@ -46,12 +46,18 @@ _CLASSES = {"allreduce": GradientAllReduce, "allreduce-params": AllReduce, "easg
             "adpsgd": ADPSGD, "localsgd": LocalSGD, "slowmo": SlowMo, "diloco": DiLoCo}
 
 
-def make(name: str, model: torch.nn.Module, *, comm: MPI.Intracomm, **options: Any) -> _Wrapper:
+def make(name: str, model: torch.nn.Module, *, comm: MPI.Intracomm, broadcast: bool | None = None,
+         **options: Any) -> _Wrapper:
     """Build a wrapper by algorithm name (one of :data:`ALGORITHMS`) with its options
     (:data:`OPTIONS`, and ``timeout``, which every wrapper takes).
 
+    ``broadcast=False`` (the same on every rank) keeps each rank's own parameters and buffers
+    instead of starting every rank from rank 0's: for a run whose state every rank loads next
+    (a resume, a heal), which saves sending the model from rank 0 to all. The default (None) is
+    True, or what the ``make`` building this one chose (an outer method's base).
+
     Raises:
-        ValueError: unknown algorithm.
+        ValueError: unknown algorithm; ``broadcast`` not the same on every rank.
         TypeError: an option that algorithm does not take (misspelled, or another algorithm's),
             naming it and the options it does take.
     """
@@ -62,4 +68,12 @@ def make(name: str, model: torch.nn.Module, *, comm: MPI.Intracomm, **options: A
     if unknown:
         raise TypeError(f"make({name!r}): unexpected option{'s' if len(unknown) > 1 else ''} "
                         f"{', '.join(unknown)}; {name} takes {', '.join(accepted)}")
-    return _CLASSES[name](model, comm=comm, **options)
+    if broadcast is None:
+        broadcast = BROADCAST.get()
+    if not isinstance(broadcast, bool):
+        raise TypeError(f"make({name!r}): broadcast must be True or False, got {broadcast!r}")
+    token = BROADCAST.set(broadcast)
+    try:
+        return _CLASSES[name](model, comm=comm, **options)
+    finally:
+        BROADCAST.reset(token)

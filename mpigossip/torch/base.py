@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import contextvars
 import copy
 import time
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,10 @@ from .flat import FlatParameters, broadcast_buffers, broadcast_parameters
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+#: Whether a wrapper built now starts every rank from rank 0's parameters and buffers (set by
+#: :func:`mpigossip.torch.make`'s ``broadcast``, for every wrapper it builds, an outer method's base too).
+BROADCAST: contextvars.ContextVar[bool] = contextvars.ContextVar("mpigossip_torch_broadcast", default=True)
 
 
 class _Wrapper(abc.ABC):
@@ -51,7 +56,11 @@ class _Wrapper(abc.ABC):
         self.flat_buffers = FlatParameters.of_buffers(model)
         # A private duplicate for the wrapper's own collectives (broadcast, consensus), so they
         # never match the user's messages on ``comm``; freed by free().
-        deadline.barrier(comm, timeout=self.timeout, op=f"{type(self).__name__} (construction)")
+        broadcast = bool(broadcast and BROADCAST.get())
+        chosen = deadline.allgather(comm, broadcast, timeout=self.timeout, op=f"{type(self).__name__} (construction)")
+        if len(set(chosen)) > 1:   # (some ranks would wait in the broadcast for the others)
+            raise ValueError(f"{type(self).__name__}: broadcast must be the same on every rank, got "
+                             f"{', '.join(f'rank {r}: {b}' for r, b in enumerate(chosen))}")
         self.comm = comm.Dup()
         try:
             if broadcast:

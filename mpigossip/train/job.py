@@ -155,8 +155,9 @@ class Run:
         self.weight_min = math.inf  # the PushSum family: the smallest weight this rank held after a step
         self.metrics_file = None
 
-    def make_algorithm(self):
-        """The algorithm's torch wrapper over ``self.model`` (collective), from the flags."""
+    def make_algorithm(self, broadcast=True):
+        """The algorithm's torch wrapper over ``self.model`` (collective), from the flags
+        (``broadcast=False``: every rank keeps its own parameters, as before a heal's load)."""
         args = self.args
         averaging = args.base if self.algorithm in mgt.OUTER else self.algorithm  # whose graph
         flags = {"beta": args.beta, "tau": args.tau, "servers": args.servers, "seed": args.seed,
@@ -167,7 +168,7 @@ class Run:
                  "on_failure": "continue" if self.tolerant else self.on_failure,
                  "topology": topo_mod.make(topology_name(args, averaging), peers=args.peers, seed=args.seed)}
         accepted = mgt.options_of(self.algorithm, args.base)
-        return mgt.make(self.algorithm, self.model, comm=self.comm, timeout=self.timeout,
+        return mgt.make(self.algorithm, self.model, comm=self.comm, timeout=self.timeout, broadcast=broadcast,
                         **{k: v for k, v in flags.items() if k in accepted})
 
     def _log(self, record):

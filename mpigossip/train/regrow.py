@@ -250,9 +250,11 @@ def _placement(run, spares=None):
 
 def rebuild(run, comm):
     """The run over ``comm``: the algorithm built again (collective, on every rank; a newcomer's
-    Run was built over its :class:`~mpigossip.resilience.grow.Arrival`, with no algorithm)."""
+    Run was built over its :class:`~mpigossip.resilience.grow.Arrival`, with no algorithm), with
+    no broadcast of rank 0's model: the heal's load sets every rank's (the survivors' own, the
+    newcomers' their donors')."""
     run.comm, run.rank, run.size = comm, comm.Get_rank(), comm.Get_size()
-    run.algo = run.make_algorithm()
+    run.algo = run.make_algorithm(broadcast=False)
 
 
 def newcomer_main(args, run_class, out, arrival):

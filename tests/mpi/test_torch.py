@@ -273,6 +273,35 @@ def test_make_refuses_options_the_algorithm_does_not_take():
         mgt.make("sgd", model, comm=c)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", ["sgp", "allreduce", "diloco"])
+def test_make_without_broadcast_keeps_each_ranks_model_and_refuses_a_split_choice(name):
+    """``make(..., broadcast=False)`` (a heal, a resume: every rank loads its state next) leaves
+    each rank's parameters and buffers its own, an outer method's base too; the default starts
+    every rank from rank 0's. A choice not the same on every rank raises on every rank (a broadcast
+    entered by some ranks only would hang)."""
+    c = comm()
+
+    def model_of(rank):
+        torch.manual_seed(rank)
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+
+    own = model_of(c.rank)
+    before = [t.detach().clone() for t in own.state_dict().values()]
+    algo = mgt.make(name, own, comm=c, broadcast=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, own.state_dict().values()))
+    algo.free()
+    first = model_of(c.rank)
+    algo = mgt.make(name, first, comm=c)
+    assert same_on_all_ranks(c, np.concatenate([t.detach().numpy().ravel() for t in first.state_dict().values()
+                                                if t.dtype.is_floating_point]).tobytes())
+    algo.free()
+    with pytest.raises(ValueError, match="broadcast must be the same on every rank"):
+        mgt.make(name, model_of(c.rank), comm=c, broadcast=c.rank == 0)
+    with pytest.raises(TypeError, match="broadcast must be True or False"):
+        mgt.make(name, model_of(c.rank), comm=c, broadcast=1)
+
+
 def test_flat_parameters_group_by_dtype_and_are_views():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2).double(), torch.nn.Linear(2, 2))
     flat = mgt.FlatParameters(model)
