@@ -9,7 +9,9 @@ this machine once per case: ``none``, a plain launch; ``kill``, a fault-tolerant
 (``mpigossip-mpiexec --with-ft ulfm``, ``--on-failure continue``) where the last rank is
 killed (SIGKILL) half way; ``replace``, the same under ``--on-failure replace`` (the job grows
 back); ``replace-two``, the last two ranks killed together and both replaced (Σw falls to about
-half, and the heal rescales every ``(x, w)`` by 2). Every run must end with exit status 0 and:
+half, and the heal rescales every ``(x, w)`` by 2); ``replace-while-joining``, the last rank
+killed half way and rank 1 while its newcomer starts (that newcomer given up, both replaced in
+one growth). Every run must end with exit status 0 and:
 
 * a model that still trains: test accuracy >= 0.9 on the digits;
 * the PushSum family (SGP, OSGP, AGP): the smallest weight any rank held after a step at or
@@ -61,7 +63,17 @@ FLOOR = 2.0 ** -11
 #: case: (on_failure, how many ranks die at once, half way: the last ones). ``replace-two``: two of
 #: the ranks die together, Σw falls to about half the ranks, and the heal rescales every
 #: ``(x, w)`` by 2 (``scaled_by``), which the runs without it never exercise at length.
-CASES = {"none": (None, 0), "kill": ("continue", 1), "replace": ("replace", 1), "replace-two": ("replace", 2)}
+CASES = {"none": (None, 0), "kill": ("continue", 1), "replace": ("replace", 1), "replace-two": ("replace", 2),
+         "replace-while-joining": ("replace", 1)}
+#: case: the rank (of the launch) killed at its first step after the spawn, while the newcomer
+#: starts (``MPIGOSSIP_KILL_WHILE_JOINING``): that newcomer given up, both dead replaced in one growth.
+JOINING = {"replace-while-joining": 1}
+
+
+def dead_ranks(case, ranks):
+    """The ranks a case kills: the last ones half way, and the one killed while a newcomer starts."""
+    dead = list(range(ranks - CASES[case][1], ranks))
+    return sorted(dead + ([JOINING[case]] if case in JOINING else []))
 
 
 def run(name, steps, ranks, case, folder, timeout):
@@ -75,8 +87,12 @@ def run(name, steps, ranks, case, folder, timeout):
            "train", "--algorithm", algorithm, *METHODS[name], "--steps", str(steps), "--quiet", "--out", folder]
     if dead:
         cmd += ["--on-failure", on_failure, *[f"--kill={v}:{steps // 2}" for v in victims]]
+    env = dict(os.environ)
+    if case in JOINING:
+        env["MPIGOSSIP_KILL_WHILE_JOINING"] = str(JOINING[case])
+        cmd[1:1] = ["-x", "MPIGOSSIP_KILL_WHILE_JOINING"]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     seconds = time.monotonic() - t0
     summary_path = os.path.join(folder, "summary.json")
     summary = json.load(open(summary_path)) if proc.returncode == 0 and os.path.exists(summary_path) else None
@@ -113,9 +129,13 @@ def checks(name, summary, dead_weight, ranks, case):
         healed = [f["replaced"] for f in failures if f.get("replaced")]
         out["the dead replaced, grown back to full size"] = (
             bool(failures) and summary["world_size"] == ranks
-            and sorted(r for f in failures for r in f["ranks"]) == list(range(ranks - dead, ranks))
-            and sorted(r for h in healed for r in h["ranks"]) == list(range(ranks - dead, ranks))
+            and sorted(r for f in failures for r in f["ranks"]) == dead_ranks(case, ranks)
+            and sorted(r for h in healed for r in h["ranks"]) == dead_ranks(case, ranks)
             and not any(h.get("refused") for h in healed))
+        if case in JOINING:
+            out["the first newcomer given up, both replaced in one growth"] = (
+                len(failures) == 2 and (failures[0].get("abandoned") or {}).get("ranks") == [ranks - 1]
+                and len(healed) == 1)
         out["newcomers start as their donors"] = bool(healed) and all(h.get("as_donor") is True for h in healed)
         if name in PUSHSUM:   # half the ranks lost at once: the heal brings Σw back by a factor of 2 or more
             out["heal rescaled (x, w) where half died at once"] = all(
@@ -144,6 +164,7 @@ def table(rows, steps, ranks):
         dead = CASES[case][1]
         said = ("no failure" if not dead else f"kill rank{'s' if dead > 1 else ''} "
                 f"{', '.join(str(v) for v in range(ranks - dead, ranks))} at {steps // 2}"
+                + (f", rank {JOINING[case]} while its newcomer starts" if case in JOINING else "")
                 + (", replaced" if CASES[case][0] == "replace" else ""))
         scaled = None   # every rescale of (x, w): the recoveries' and the heals' (group 0)
         for x in s.get("failures", []):
