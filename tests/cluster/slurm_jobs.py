@@ -211,14 +211,13 @@ def launcher_died_after_the_run(text, out):
 
 
 def launcher_lost_a_daemon_in_the_spawn(proc, text, out):
-    """Whether Open MPI 5.0.11's launcher lost a daemon while it spawned the newcomer, before the
-    run ended ("PMIX_ERROR in file prrte/src/prted/pmix/pmix_server_dyn.c", then "PRTE has lost
-    communication with a remote daemon"; once in 3 fresh-clone CI runs, docs/CLUSTER.md): the
-    launcher's fault, which ends the job (train.sbatch then fails it: no summary). A user's
-    remedy is to submit again (or requeue): the test does so once, and holds the second job to
-    every check."""
+    """Whether Open MPI 5.0.11's launcher failed while it spawned the newcomer, before the run
+    ended ("PMIX_ERROR in file prrte/src/prted/pmix/pmix_server_dyn.c", then "PRTE has lost
+    communication with a remote daemon", once in 3 fresh-clone CI runs; or then nothing, the
+    launcher crashed, exit 139, once at 757a47e; docs/CLUSTER.md): the launcher's fault, which
+    ends the job (no summary). A user's remedy is to submit again (or requeue): the test does
+    so once, and holds the second job to every check."""
     return (proc.returncode != 0 and "pmix_server_dyn.c" in text
-            and "PRTE has lost communication with a remote daemon" in text
             and not os.path.isfile(out / "summary.json"))
 
 
