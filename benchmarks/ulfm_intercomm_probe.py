@@ -3,8 +3,9 @@ under Open MPI's ULFM: a raw mpi4py reproducer for the newcomer's wait in #45 (`
 
     mpigossip-mpiexec --with-ft ulfm -n 3 python benchmarks/ulfm_intercomm_probe.py [--seconds 10]
 
-The 3 parents spawn one child. The child enters an ``MPI_Ibarrier`` over the intercommunicator
-(the parents never do) and, for ``--seconds``, tests it and probes for a one-byte note with
+The 3 parents spawn one child. All pass a first barrier over the intercommunicator ("ready");
+then the child enters a second ``MPI_Ibarrier`` ("the go", which the parents never enter) and,
+for ``--seconds``, tests it and probes for a one-byte note with
 ``MPI_Iprobe``, from any source and from each parent by rank. Parent 1 SIGKILLs itself; one
 second later parents 0 and 2 send the child the note (``MPI_Isend``, completed). The child
 prints one JSON line: for each kind of call, how many returned, how many raised and which
@@ -67,7 +68,6 @@ def child(seconds):
     found, ended = None, None
 
     def call(kind, fn):
-        nonlocal found
         entry = seen.setdefault(kind, {"returned": 0, "raised": {}})
         try:
             result = fn()

@@ -102,9 +102,11 @@ class Spawned:
         return Grown(grown, self.lost, self.seconds + time.monotonic() - start)
 
     def abandon(self, timeout: float = 2.0) -> None:
-        """After a failure among the survivors, before :meth:`merge`: tell every newcomer that
-        the growth is off, so that it ends with a named error at once instead of at its
-        deadline (:func:`join`). Any survivor may; bounded by ``timeout``; never raises."""
+        """Before :meth:`merge` (a failure among the survivors, or newcomers too late): tell every
+        newcomer that the growth is off, so that its :func:`join` raises :class:`Abandoned` at
+        once instead of at its deadline (after a survivor's death a newcomer also ends on its
+        own: the note may go unmatched then). Any survivor may; bounded by ``timeout``; never
+        raises."""
         if self.merged:
             return
         note = bytearray(1)

@@ -210,7 +210,7 @@ def launcher_died_after_the_run(text, out):
     return done and "ranks, 300 steps" in text
 
 
-def launcher_lost_a_daemon_in_the_spawn(proc, text, out):
+def launcher_failed_in_the_spawn(proc, text, out):
     """Whether Open MPI 5.0.11's launcher failed while it spawned the newcomer, before the run
     ended ("PMIX_ERROR in file prrte/src/prted/pmix/pmix_server_dyn.c", then "PRTE has lost
     communication with a remote daemon", once in 3 fresh-clone CI runs; or then nothing, the
@@ -237,7 +237,7 @@ def test_a_killed_rank_is_survived_under_slurm(slurm, mode):
                  "EXTRA": "--kill 2:100", "SPARES": "1" if mode == "spare" else "0"}
         proc = sbatch(env, "train.sbatch", "--nodes=4", "--ntasks-per-node=1", "-o", str(log), extra=extra)
         text = log.read_text() if log.exists() else ""
-        if not (mode != "continue" and attempt == "" and launcher_lost_a_daemon_in_the_spawn(proc, text, out)):
+        if not (mode != "continue" and attempt == "" and launcher_failed_in_the_spawn(proc, text, out)):
             break
         print(f"({mode}) Open MPI's launcher lost a daemon during the spawn (docs/CLUSTER.md); the job once more")
     if mode != "continue" and proc.returncode != 0 and launcher_died_after_the_run(text, out):
