@@ -166,6 +166,11 @@ class Message:
         self._done = [False] * len(self.requests)
         self.error_class: int | None = None  # the error class of the first request that failed
 
+    def extend(self, requests: Sequence[MPI.Request]) -> None:
+        """More requests of the message (started, not yet tested)."""
+        self.requests.extend(requests)
+        self._done.extend([False] * len(requests))
+
     def start(self) -> None:
         """Start the (persistent) requests and forget the outcomes of their last use."""
         self._done = [False] * len(self.requests)

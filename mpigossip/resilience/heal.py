@@ -13,6 +13,11 @@ communicator calls one of these, collectively:
 - :func:`handover`: a donor's picklable state (a training job's optimizer state, step, clock)
   to its newcomer, its arrays and tensors raw.
 
+:func:`isplit` and :func:`ihandover` are the same with the donor's sends left under way: it gets
+a :class:`Sending` (the requests and the copies they read) to :meth:`~Sending.test` while it
+trains on (an asynchronous method heals beside training); a newcomer still returns only once it
+has received everything.
+
 All three send in pieces of at most :func:`mpigossip.resilience.failures.chunk_bytes` (eagerly:
 see there), with the deadline ``timeout``; a peer failing during the heal raises
 :class:`~mpigossip.resilience.failures.PeerFailure` on the ranks that meet it. Buffers may be
@@ -92,6 +97,21 @@ def split(x: Any, weight: Any, *, comm: MPI.Intracomm, newcomers: list[int], tim
         This rank's weight after the heal (a list for a list).
     """
     timeout = deadline.check_timeout(timeout)
+    weights, sending = isplit(x, weight, comm=comm, newcomers=newcomers, timeout=timeout, stage=stage,
+                              cuda_aware=cuda_aware, op=op)
+    sending.wait(comm=comm, timeout=timeout)
+    return weights
+
+
+def isplit(x: Any, weight: Any, *, comm: MPI.Intracomm, newcomers: list[int], timeout: float | None = None,
+           stage: bool | None = None, cuda_aware: bool | None = None,
+           op: str = "heal.split") -> tuple[Any, Sending]:
+    """:func:`split`, the donor's sends left under way: returns this rank's weight after the heal
+    and a :class:`Sending` (empty but on a donor). A donor's ``x`` and weight are halved at once
+    (the half it gives travels from a copy: it may go on updating ``x``); a newcomer returns once
+    its half has arrived. Until the donor's sends complete, the half is on the wire: Σx and Σw
+    over the ranks lack it (as they lack a PushSum message in flight)."""
+    timeout = deadline.check_timeout(timeout)
     grouped = isinstance(x, (list, tuple))
     xs, ws = (list(x), [float(w) for w in weight]) if grouped else ([x], [float(weight)])
     rank, news = comm.Get_rank(), sorted(int(r) for r in newcomers)
@@ -105,6 +125,7 @@ def split(x: Any, weight: Any, *, comm: MPI.Intracomm, newcomers: list[int], tim
                                  same={"newcomers": news, "groups": len(xs)}, error=problem)
             for i, b in enumerate(xs)]
     plan = donors(deadline.allgather(comm, None if new else ws, timeout=timeout, op=op), news)
+    sending = Sending(op)
     for newcomer, donor in sorted(plan.items()):
         for i, buf in enumerate(bufs):
             if rank == donor:
@@ -115,7 +136,9 @@ def split(x: Any, weight: Any, *, comm: MPI.Intracomm, newcomers: list[int], tim
                 kept = ws[i] * 0.5
                 transport = buffers.Transport(half, stage=stage, cuda_aware=cuda_aware)
                 transport.before_send()
-                _send(np.array([ws[i] - kept]), transport.spec, comm=comm, dest=newcomer, timeout=timeout, op=op)
+                header = np.array([ws[i] - kept])
+                sending.add(_isend(header, transport.spec, comm=comm, dest=newcomer, op=op),
+                            newcomer, (header, half, transport))
                 ws[i] = kept
             elif rank == newcomer:
                 transport = buffers.Transport(buf, stage=stage, cuda_aware=cuda_aware)
@@ -124,7 +147,61 @@ def split(x: Any, weight: Any, *, comm: MPI.Intracomm, newcomers: list[int], tim
                 transport.after_recv()
                 buf.synchronize()
                 ws[i] = float(w[0])
-    return ws if grouped else ws[0]
+    return (ws if grouped else ws[0]), sending
+
+
+class Sending:
+    """A donor's sends under way to its newcomers (:func:`isplit`, :func:`ihandover`): owns
+    their requests and the buffers they read (copies: the donor may go on changing its own).
+
+    ``test()`` after each step of the donor's training; ``wait()`` where it must be done. A
+    newcomer that failed makes them raise :class:`~mpigossip.resilience.failures.PeerFailure`;
+    :meth:`keep` then keeps the requests and buffers alive to the end of the process (freeing
+    those of a failed peer may end the job)."""
+
+    def __init__(self, op: str = "heal") -> None:
+        self.op = op
+        self.message = failures.Message()
+        self.newcomers: list[int] = []
+        self._held: list = []
+
+    def add(self, requests: list, newcomer: int, held: Any = None) -> None:
+        """Requests just started to ``newcomer``, and what they read."""
+        self.message.extend(requests)
+        if newcomer not in self.newcomers:
+            self.newcomers.append(newcomer)
+        self._held.append(held)
+
+    def extend(self, other: Sending) -> Sending:
+        """``other``'s sends (none tested yet) made part of these, ``other`` left empty; returns
+        self."""
+        self.message.extend(other.message.requests)
+        self._held.extend(other._held)
+        self.newcomers += [n for n in other.newcomers if n not in self.newcomers]
+        other.message, other._held, other.newcomers = failures.Message(), [], []
+        return self
+
+    def __bool__(self) -> bool:
+        """Whether there are sends (done or not): a donor's."""
+        return bool(self.message.requests)
+
+    def test(self) -> bool:
+        """Whether every send has completed (then the buffers are let go); never blocks."""
+        done = self.message.test(self.op)
+        if done:
+            self._held = []
+        return done
+
+    def wait(self, *, comm: MPI.Intracomm, timeout: float | None) -> None:
+        """Until every send has completed (the deadline ``timeout``)."""
+        if self.message.requests:
+            failures.wait(self.message, comm=comm, timeout=deadline.check_timeout(timeout), op=self.op,
+                          peer=f"{self.newcomers} (newcomers)")
+        self._held = []
+
+    def keep(self) -> None:
+        """A peer failed: keep the requests and their buffers to the end of the process."""
+        failures.keep(self.message.requests, self._held)
 
 
 class _Array:
@@ -144,26 +221,28 @@ class _Array:
         self.index, self.dtype, self.shape, self.torch, self.device = state
 
 
-def _skeleton(obj: Any, arrays: list) -> Any:
+def _skeleton(obj: Any, arrays: list, copy_all: bool = False) -> Any:
     """``obj`` with every numpy array and torch tensor in its dicts, lists and tuples replaced by
-    an :class:`_Array`, their bytes (host memory, contiguous, only the elements each one views)
-    appended to ``arrays``."""
+    an :class:`_Array`, their bytes (host memory, contiguous, only the elements each one views;
+    with ``copy_all``, copies of them) appended to ``arrays``."""
     torch = sys.modules.get("torch")
     if isinstance(obj, dict):
         new = copy.copy(obj)   # (its type and attributes: a state_dict's _metadata)
         for k, v in obj.items():
-            new[k] = _skeleton(v, arrays)
+            new[k] = _skeleton(v, arrays, copy_all)
         return new
     if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-        return type(obj)(_skeleton(v, arrays) for v in obj)
+        return type(obj)(_skeleton(v, arrays, copy_all) for v in obj)
     if torch is not None and isinstance(obj, torch.Tensor):
         t = obj.detach()
         device = t.device.type
         t = t.cpu().contiguous().reshape(-1)
-        arrays.append(t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8))
+        raw = t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+        arrays.append(raw.copy() if copy_all and device == "cpu" else raw)   # (.cpu() of a device tensor copies)
         return _Array(len(arrays) - 1, str(obj.dtype).removeprefix("torch."), tuple(obj.shape), True, device)
     if isinstance(obj, np.ndarray) and obj.dtype != object:
-        arrays.append(np.ascontiguousarray(obj).reshape(-1).view(np.uint8))
+        raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
+        arrays.append(raw.copy() if copy_all else raw)
         return _Array(len(arrays) - 1, obj.dtype, obj.shape, False, None)   # (a structured dtype keeps its fields)
     return obj
 
@@ -201,15 +280,33 @@ def handover(obj: Any, *, comm: MPI.Intracomm, plan: dict[int, int], timeout: fl
     copy of a host array on the donor. A newcomer gets host tensors, and device tensors on its
     current device of the same type."""
     timeout = deadline.check_timeout(timeout)
+    obj, sending = _handover(obj, comm=comm, plan=plan, timeout=timeout, op=op, copy_all=False)
+    sending.wait(comm=comm, timeout=timeout)
+    return obj
+
+
+def ihandover(obj: Any, *, comm: MPI.Intracomm, plan: dict[int, int], timeout: float | None = None,
+              op: str = "heal.handover") -> tuple[Any, Sending]:
+    """:func:`handover`, the donor's sends left under way: returns what :func:`handover` returns
+    and a :class:`Sending` (empty but on a donor). A donor sends copies of its arrays and tensors
+    (it may go on changing them: an optimizer's state as it trains); a newcomer returns once it
+    has received everything."""
+    return _handover(obj, comm=comm, plan=plan, timeout=deadline.check_timeout(timeout), op=op, copy_all=True)
+
+
+def _handover(obj: Any, *, comm: MPI.Intracomm, plan: dict[int, int], timeout: float, op: str,
+              copy_all: bool) -> tuple[Any, Sending]:
     rank = comm.Get_rank()
+    sending = Sending(op)
     for newcomer, donor in sorted(plan.items()):
         if rank == donor:
             arrays: list = []
-            skeleton = pickle.dumps(_skeleton(obj, arrays), protocol=pickle.HIGHEST_PROTOCOL)
+            skeleton = pickle.dumps(_skeleton(obj, arrays, copy_all), protocol=pickle.HIGHEST_PROTOCOL)
             data = np.frombuffer(skeleton, dtype=np.uint8)
-            _send(np.array([data.size], dtype=np.int64), [data, MPI.BYTE], comm=comm, dest=newcomer,
-                  timeout=timeout, op=op)
-            _send(None, [[a, MPI.BYTE] for a in arrays], comm=comm, dest=newcomer, timeout=timeout, op=op)
+            size = np.array([data.size], dtype=np.int64)
+            sending.add(_isend(size, [data, MPI.BYTE], comm=comm, dest=newcomer, op=op), newcomer, (size, data))
+            sending.add(_isend(None, [[a, MPI.BYTE] for a in arrays], comm=comm, dest=newcomer, op=op), newcomer,
+                        arrays)
         elif rank == newcomer:
             size = np.empty(1, dtype=np.int64)
             _recv(size, None, comm=comm, source=donor, timeout=timeout, op=op)   # (the size, then the pieces)
@@ -221,7 +318,7 @@ def handover(obj: Any, *, comm: MPI.Intracomm, plan: dict[int, int], timeout: fl
             arrays = [np.empty(_nbytes(a), dtype=np.uint8) for a in sorted(places, key=lambda a: a.index)]
             _recv(None, [[a, MPI.BYTE] for a in arrays], comm=comm, source=donor, timeout=timeout, op=op)
             obj = _rebuilt(skeleton, arrays)
-    return obj
+    return obj, sending
 
 
 def _torch() -> Any:
@@ -279,18 +376,18 @@ def _specs(spec):
     return list(spec) if isinstance(spec[0], (list, tuple)) else [spec]
 
 
-def _send(header, spec, *, comm, dest, timeout, op):
-    """A one-element ``header`` (a share's weight, a state's size; or None) and ``spec`` (or a
-    list of specs) in pieces to ``dest``; returns once all are sent."""
+def _isend(header, spec, *, comm, dest, op):
+    """Start sending a one-element ``header`` (a share's weight, a state's size; or None) and
+    ``spec`` (or a list of specs) in pieces to ``dest``; returns the requests."""
     with failures.raised_as_failure(op):
         requests = [comm.Isend(header, dest=dest, tag=_TAG_W)] if header is not None else []
         requests += [comm.Isend(piece, dest=dest, tag=_TAG_X) for one in _specs(spec) if len(one[0])
                      for piece in failures.pieces(one)]
-    failures.wait(requests, comm=comm, timeout=timeout, op=op, peer=f"{dest} (a newcomer)")
+    return requests
 
 
 def _recv(header, spec, *, comm, source, timeout, op):
-    """What :func:`_send` sent: ``spec``'s pieces (posted first: none arrives unexpected) and the
+    """What :func:`_isend` sent: ``spec``'s pieces (posted first: none arrives unexpected) and the
     ``header``, either of them None to receive only the other."""
     with failures.raised_as_failure(op):
         requests = [comm.Irecv(piece, source=source, tag=_TAG_X) for one in _specs(spec) if len(one[0])

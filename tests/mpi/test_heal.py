@@ -122,3 +122,44 @@ def test_handover_sends_each_tensor_raw_and_only_its_own_elements():
     assert got["step"] == 15 and isinstance(got["views"], tuple)
     assert np.array_equal(got["views"][0], np.arange(0.0, 10.0, 2.0))
     assert torch.equal(got["views"][1][0], flat[:3]) and got["views"][1][0].untyped_storage().nbytes() == 12
+
+
+@pytest.mark.mpi(min_size=2)
+def test_isplit_and_ihandover_send_copies_while_the_donor_goes_on():
+    """The heal beside training (AGP): a donor returns from isplit and ihandover with its sends
+    under way and goes on changing its x and its optimizer's state at once; the newcomer, which
+    posts its receives of the state only later, still gets the values of the moment of the heal,
+    and the donor's x plus the newcomer's add up to the donor's before, element by element."""
+    import time
+
+    torch = pytest.importorskip("torch")
+    c = comm()
+    newcomer = c.size - 1
+    new = c.rank == newcomer
+    weight = 0.0 if new else 1.0 + 0.25 * c.rank
+    before = np.zeros(2_000_003) if new else _data(c.rank, n=2_000_003) * weight   # 16 MB: many pieces
+    x = before.copy()
+    weights = c.allgather(None if new else weight)
+    donor = heal.donors(weights, [newcomer])[newcomer]
+    w, sending = heal.isplit(x, weight, comm=c, newcomers=[newcomer], timeout=60)
+    assert bool(sending) == (c.rank == donor)
+    state = {"momentum": torch.full((4_000_000,), 1.5), "step": 7} if c.rank == donor else None
+    if new:
+        time.sleep(0.5)   # (the donor's state waits for receives not yet posted)
+    got, sent = heal.ihandover(state, comm=c, plan={newcomer: donor}, timeout=60)
+    if c.rank == donor:
+        kept = x.copy()
+        x[...] = -1.0                   # it trains on
+        state["momentum"].fill_(-1.0)
+        assert bool(sent)
+        sending.extend(sent)
+        assert not sent
+    sending.wait(comm=c, timeout=60)
+    xs, ws = c.allgather(kept if c.rank == donor else x), c.allgather(w)
+    if new:
+        assert got["step"] == 7 and torch.equal(got["momentum"], torch.full((4_000_000,), 1.5))
+    np.testing.assert_array_equal(xs[donor] + xs[newcomer], _data(donor, n=2_000_003) * weights[donor])
+    assert ws[donor] + ws[newcomer] == weights[donor]
+    for r in range(c.size - 1):
+        if r != donor:
+            np.testing.assert_array_equal(xs[r], _data(r, n=2_000_003) * weights[r])
