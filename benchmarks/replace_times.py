@@ -3,7 +3,8 @@ with one rank killed, at model sizes where the heal's transfer counts.
 
     python benchmarks/replace_times.py [--widths 2000 5000] [--algorithms sgp allreduce]
         [--ranks 4] [--steps 40] [--kill-at 15] [--victim 2] [--compute-ms 0]
-        [--mpiexec "tests/cluster/mpiexec --map-by node"] [--out benchmarks/results] [--name replace-times]
+        [--mpiexec "tests/cluster/mpiexec --map-by node"] [--heal-modes beside wait]
+        [--out benchmarks/results] [--name replace-times]
 
 Each run trains the digits MLP (two hidden layers of ``--widths`` units: 2000 is 16 MB of float32
 parameters, 5000 is 100 MB) under ``MPIEXEC --with-ft ulfm`` (default: the venv's
@@ -15,9 +16,13 @@ after a pickled skeleton; AllReduce and D-PSGD the state only; with its parts: s
 every run must end at its size with its mass exact (PushSum family) and only the victim failed
 (``--repeats``: runs of each). The survivors train on while the newcomer starts (since the heal
 beside training): the table gives the steps they took meanwhile and the seconds they did not train
-(``idle``: the growth's whole time less the time beside; before it, the whole time); with
+(``idle``); with
 ``--compute-ms`` (every step's fixed compute, a sleep) the steps left after the kill last long enough
-for the newcomer to start before the end. Writes ``OUT/NAME.json``
+for the newcomer to start before the end. An asynchronous method (AGP) heals beside training:
+its donor trains on while its sends go (the table's "donor sending": their seconds and the steps it
+took meanwhile); ``--heal-modes beside wait`` runs it both ways, alternated (``wait``:
+``MPIGOSSIP_HEAL_BESIDE=0``, the heal that waits for its transfers, as every other method's).
+``idle`` is rank 0's time not training from the growth's start to its return to training. Writes ``OUT/NAME.json``
 (the summaries, the commit and versions) and ``OUT/NAME.md``; exits 1 if a run failed.
 """
 
@@ -34,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from mpigossip.core import provenance  # noqa: E402
-from mpigossip.train.handover import weight_accounted  # noqa: E402
+from mpigossip.train.handover import HEAL_BESIDE, weight_accounted  # noqa: E402
 
 
 def model_mb(width, inputs=64, classes=10):
@@ -42,7 +47,7 @@ def model_mb(width, inputs=64, classes=10):
     return 4 * (inputs * width + width + width * width + width + width * classes + classes) / 2 ** 20
 
 
-def run(args, algorithm, width, folder):
+def run(args, algorithm, width, folder, mode="beside"):
     launcher = shlex.split(args.mpiexec) if args.mpiexec else [
         os.path.join(os.path.dirname(sys.executable), "mpigossip-mpiexec")]
     cmd = [*launcher[:1], "--with-ft", "ulfm", *launcher[1:], "-n", str(args.ranks), sys.executable, "-m", "mpigossip",
@@ -51,7 +56,8 @@ def run(args, algorithm, width, folder):
            *(["--compute-ms", str(args.compute_ms)] if args.compute_ms else []),
            "--out", folder]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    env = dict(os.environ, **{HEAL_BESIDE: "0" if mode == "wait" else "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     path = os.path.join(folder, "summary.json")
     summary = json.load(open(path)) if proc.returncode == 0 and os.path.exists(path) else None
     return proc, summary, time.monotonic() - t0
@@ -66,7 +72,12 @@ def row(algorithm, width, summary):
             "world_size": summary["world_size"], "recovery_s": f["recovery_s"], "spawn_s": r["spawn_s"],
             "heal_s": r["heal_s"], "heal_parts": r.get("heal_parts", {}), "back_after_recovery_s": r["back_at_s"] - f["recovered_at_s"],
             "steps_beside": r.get("steps_beside", 0), "pause_s": r.get("pause_s"),
-            "idle_s": r["total_s"] - r.get("beside_s", 0.0),   # (the survivors' time not training)
+            # rank 0's time not training (recorded since the heal beside training; before, the first
+            # survivor's time before the heal's closing gather)
+            "idle_s": r.get("idle_s", r["total_s"] - r.get("beside_s", 0.0)),
+            "beside_heal": bool(r.get("beside_heal")), "stream_s": r.get("heal_parts", {}).get("stream_s"),
+            "stream_steps": r.get("heal_parts", {}).get("stream_steps"), "ready_s": r.get("ready_s"),
+            "pause_parts": r.get("pause_parts"),
             "newcomer_host": r["hosts"].get(str(r["ranks"][0])) if r["ranks"] else None,
             "final_accuracy": summary["final_accuracy"], "mass_exact": exact}
 
@@ -85,19 +96,22 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default="replace-times")
     p.add_argument("--repeats", type=int, default=1, help="runs of each method and width")
+    p.add_argument("--heal-modes", nargs="+", choices=["beside", "wait"], default=["beside"],
+                   help="an asynchronous method's (AGP's) heal beside training, or waiting for its transfers "
+                        "(MPIGOSSIP_HEAL_BESIDE=0); several: alternated, run by run")
     args = p.parse_args(argv)
     rows, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for width in args.widths:
             for algorithm in args.algorithms:
-                for repeat in range(args.repeats):
-                    folder = os.path.join(tmp, f"{algorithm}-{width}-{repeat}")
-                    proc, summary, seconds = run(args, algorithm, width, folder)
+                for repeat, mode in [(k, m) for k in range(args.repeats) for m in args.heal_modes]:
+                    folder = os.path.join(tmp, f"{algorithm}-{width}-{repeat}-{mode}")
+                    proc, summary, seconds = run(args, algorithm, width, folder, mode)
                     if summary is None or summary["world_size"] != args.ranks:
                         failed.append(f"{algorithm} width {width}: exit {proc.returncode}\n{proc.stdout[-2000:]}"
                                       f"{proc.stderr[-2000:]}")
                         continue
-                    rows.append(dict(row(algorithm, width, summary), run_s=seconds))
+                    rows.append(dict(row(algorithm, width, summary), run_s=seconds, heal_mode=mode))
                     print(f"replace_times: {json.dumps(rows[-1])}", flush=True)
                     if rows[-1]["failed_ranks"] != [args.victim]:   # one kill must cost one rank
                         failed.append(f"{algorithm} width {width}: ranks {rows[-1]['failed_ranks']} failed where "
@@ -112,15 +126,19 @@ def main(argv=None):
                    "rows": rows, "failed": failed}, f, indent=2)
     with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
         f.write(f"# Growing back: rank {args.victim} of {args.ranks} killed at step {args.kill_at} ({where})\n\n")
-        f.write("| method | model MB | recovery (s) | spawn (s) | steps beside | heal (s) | of it: split, handover, "
-                "load (s) | back at full size after the recovery (s) | survivors idle (s) | newcomer on | accuracy "
-                "| mass exact |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| method | heal | model MB | recovery (s) | spawn (s) | steps beside | pause (s) | heal (s) | of it: "
+                "split, handover, load (s) | donor sending (s, steps) | back at full size after the recovery (s) | "
+                "survivors idle (s) | newcomer on | accuracy | mass exact |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             parts = ", ".join(f"{r['heal_parts'][k]:.2f}" if k in r["heal_parts"] else "-"
                               for k in ("split_s", "handover_s", "load_s"))
-            f.write(f"| {r['algorithm']} | {r['model_mb']} | {r['recovery_s']:.3f} | {r['spawn_s']:.2f} | "
-                    f"{r['steps_beside']} | {r['heal_s']:.2f} | {parts} | {r['back_after_recovery_s']:.2f} | "
-                    f"{r['idle_s']:.2f} | {r['newcomer_host']} | {r['final_accuracy']:.4f} | {r['mass_exact']} |\n")
+            streamed = f"{r['stream_s']:.2f}, {r['stream_steps']:.0f}" if r.get("stream_s") is not None else "-"
+            pause = f"{r['pause_s']:.2f}" if r.get("pause_s") is not None else "-"
+            f.write(f"| {r['algorithm']} | {'beside' if r['beside_heal'] else 'wait'} | {r['model_mb']} | "
+                    f"{r['recovery_s']:.3f} | {r['spawn_s']:.2f} | {r['steps_beside']} | {pause} | {r['heal_s']:.2f} | "
+                    f"{parts} | {streamed} | {r['back_after_recovery_s']:.2f} | {r['idle_s']:.2f} | "
+                    f"{r['newcomer_host']} | {r['final_accuracy']:.4f} | {r['mass_exact']} |\n")
         for failure in failed:
             f.write(f"\nFailed: {failure.splitlines()[0]}\n")
         f.write(f"\nCommit {provenance.commit()}; {provenance.versions()}.\n")

@@ -37,7 +37,9 @@ whose weight is below ``min_weight`` times its initial weight therefore keeps th
 shares (sends nothing new; what accumulates still goes out as links free up) until what it
 receives lifts it again: ``w`` never falls below ``min_weight`` times the smallest share a rank
 keeps, Σx and Σw stay exact, and the column of the mixing matrix is the identity for that
-step (still column stochastic). :attr:`held` counts those steps.
+step (still column stochastic). :attr:`held` counts those steps. Setting :attr:`holding` keeps
+a rank's shares the same way whatever its weight (a donor healing a newcomer beside training
+leaves its link to the newcomer's state: ``mpigossip.train.handover``).
 
 What it does not guarantee: a rank that stops calling ``start()``/``finish()`` stops mixing,
 and messages to or from it wait (its in-flight sends and the shares sent to it stay in MPI
@@ -182,6 +184,7 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         self._leaving = False
         self._floor = float(min_weight) * self.weight  # below it, a rank keeps its shares (held)
         self.held = 0  # steps whose shares this rank kept, its weight being below the floor
+        self.holding = False  # while true, this rank keeps its shares (sends nothing new) whatever its weight
 
     # ------------------------------------------------------------------ receives
     def _poll(self):
@@ -304,7 +307,9 @@ class AsyncPushSum(AsyncLeave, AsyncSurvives, PushSumBase):
         own, out_weights = self.topology.mixing_weights(self.rank, k)
         for dst in self._gone.intersection(out_weights):  # a rank leaving takes no more shares
             own += out_weights.pop(dst)
-        if out_weights and self.weight < self._floor:  # keep everything until a share arrives
+        if out_weights and self.holding:   # keep everything (still column stochastic: the identity)
+            own, out_weights = 1.0, {}
+        elif out_weights and self.weight < self._floor:  # keep everything until a share arrives
             own, out_weights = 1.0, {}
             self.held += 1
         if out_weights:

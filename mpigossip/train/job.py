@@ -117,6 +117,7 @@ class Run:
         self.newcomer = newcomer   # spawned into the run in a dead rank's place (--on-failure replace)
         self.grow_pending, self.lost, self.grow_at = False, [], 0   # (replace) a failure followed, not yet replaced
         self.joining = None   # (replace) newcomers started, not yet joined: regrow.Joining
+        self.healing = None   # (replace, AGP) a heal going on beside training: handover.Healing
         self.hosts = []   # (replace) each rank's host, where a dead rank's replacement goes
         # Surviving a failure: evaluate at the end only, over the survivors (an evaluation's
         # collectives would meet a failure outside the algorithm's recovery).
@@ -204,16 +205,24 @@ class Run:
         raise Preempted(f"{self.algorithm}: stopped by a signal at step {step}; checkpoint in {self.out}; "
                         f"continue with --resume {self.out}")
 
+    def _drive_heal(self):
+        """(replace, AGP) A donor healing beside training drives its sends between a step's parts
+        too: over TCP they move only inside MPI, a socket's buffer at a time."""
+        if self.healing is not None and self.healing.progress():
+            self.healing = None
+
     def train_step(self, step):
         """One step: local update, the algorithm's communication; the step's metrics record."""
         args = self.args
         t0 = time.perf_counter()
         w0 = deadline.waited_seconds()  # from here: gradient AllReduce waits inside optimizer.step()
         c0 = self.algo.comm_time_s      # communication inside backward() (the gradient AllReduce)
+        self._drive_heal()
         idx = torch.from_numpy(self.rng.integers(0, len(self.x_train), args.batch_size)).to(self.device)
         loss = F.cross_entropy(self.model(self.x_train[idx]), self.y_train[idx])
         self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
+        self._drive_heal()
         self.optimizer.step()
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
@@ -256,6 +265,9 @@ class Run:
         self.failures_seen += 1
         if self.joining is not None:   # (replace) newcomers were starting: given up, all replaced in one growth
             regrow.give_up(self, f"rank(s) {self.failures[-1]['ranks']} failed while they started")
+        if self.healing is not None:   # (replace, AGP) healing beside training: the record as this rank has it
+            self.healing.abandon(f"rank(s) {self.failures[-1]['ranks']} failed while the newcomers healed")
+            self.healing = None
         # (replace) grow back once every survivor has reached the step after the last one at which one
         # followed the failure (OSGP and AGP let ranks drift: one behind catches up first)
         # the dead, numbered as when the algorithm was built (at the start, or the last growth: the
@@ -358,6 +370,8 @@ class Run:
                 last_print = time.perf_counter()
                 self._progress(step, record, last)
             step += 1
+            if self.healing is not None and self.healing.test():   # (--on-failure replace) healed beside training
+                self.healing = None
             if self.joining is not None:   # (--on-failure replace) newcomers starting: ready yet?
                 step = regrow.poll(self, step)
             elif self.grow_pending and step >= self.grow_at:   # (--on-failure replace) the dead replaced
@@ -365,6 +379,9 @@ class Run:
         while self.joining is not None:   # (newcomers started at the last step) grow back: the job ends at its size
             step = regrow.poll(self, step, final=True)
             last = {}   # (the final evaluation over the grown communicator, the newcomers' models too)
+        if self.healing is not None:   # (a heal beside training ends before the run's last collectives)
+            self.healing.wait(self.timeout)
+            self.healing = None
         if progress:
             print()
         if stop is not None:

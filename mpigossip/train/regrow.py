@@ -20,7 +20,9 @@ algorithm built again over the grown communicator, and :func:`heal_run`:
 
 The donor also hands over (:func:`mpigossip.resilience.heal.handover`) what the newcomer needs
 to go on as one of the others: the optimizer's state, the step, the learning-rate schedule's
-place (the step), the run's clock and its record of failures. The newcomer draws its batches
+place (the step), the run's clock and its record of failures. AGP, whose ranks never wait for
+one another, heals beside training: the donor's sends go on while it trains
+(:class:`~mpigossip.train.handover.Healing`). The newcomer draws its batches
 from a stream of its own (the seed, its rank and the step it starts at). ``summary.json``
 records the replacement under the failure (``"replaced"``: who, the donors, the spawn's and
 the heal's seconds, the steps trained beside the newcomers' start and the pause, the rescale). A
@@ -190,15 +192,21 @@ def _finish(run, step):
     t_pause = time.perf_counter()
     beside_s = t_pause - joining.t_spawned
     state = checkpoint.state_of(run, step)   # (drains the algorithm first)
+    t_drained = time.perf_counter()
     step = max(deadline.allgather(run.comm, int(step), timeout=run.timeout, op=OP))
     joining.close(run.timeout)
     state["step"] = step
     run.algo.free()
+    t_merge = time.perf_counter()
     grown = joining.spawned.merge(timeout=run.timeout, op=OP)
     run.joining = None
+    t_rebuild = time.perf_counter()
     rebuild(run, grown.comm)
+    parts = {"drain_s": t_drained - t_pause, "agree_s": t_merge - t_drained, "merge_s": t_rebuild - t_merge,
+             "rebuild_s": time.perf_counter() - t_rebuild}   # (the pause before the heal, this rank's)
     heal_run(run, grown.newcomers, state, spawn_s=joining.spawned.seconds, t0=joining.t0,
-             beside={"at_step": step, "beside_s": beside_s, "steps_beside": joining.steps, "t_pause": t_pause})
+             beside={"at_step": step, "beside_s": beside_s, "steps_beside": joining.steps, "t_pause": t_pause,
+                     "pause_parts": parts})
     return step
 
 
