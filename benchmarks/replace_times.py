@@ -11,12 +11,12 @@ parameters, 5000 is 100 MB) under ``MPIEXEC --with-ft ulfm`` (default: the venv'
 ``mpigossip-mpiexec``, one node; ``tests/cluster/mpiexec --map-by node`` across the emulated
 nodes) and kills rank ``--victim`` at step ``--kill-at``. From each run's ``summary.json``: the
 survivors' recovery, the spawn, the heal (from the rebuilt algorithm to every rank loaded:
-the PushSum family sends half the numerators, then the donor's model and optimizer state, raw
-after a pickled skeleton; AllReduce and D-PSGD the state only; with its parts: split, handover, load), and from the recovery to the job back at full size;
+the PushSum family sends half the numerators, then the donor's optimizer state, raw after a
+pickled skeleton; AllReduce and D-PSGD the state with the model; with its parts: split, handover,
+load), and from the recovery to the job back at full size;
 every run must end at its size with its mass exact (PushSum family) and only the victim failed
-(``--repeats``: runs of each). The survivors train on while the newcomer starts (since the heal
-beside training): the table gives the steps they took meanwhile and the seconds they did not train
-(``idle``); with
+(``--repeats``: runs of each). The survivors train on while the newcomer starts: the table gives
+the steps they took meanwhile and the seconds they did not train (``idle``); with
 ``--compute-ms`` (every step's fixed compute, a sleep) the steps left after the kill last long enough
 for the newcomer to start before the end. An asynchronous method (AGP) heals beside training:
 its donor trains on while its sends go (the table's "donor sending": their seconds and the steps it
