@@ -86,8 +86,9 @@ def survivor(args):
         if args.mode == "spawn":
             child = [os.path.abspath(__file__), "--child", "--mb", str(args.mb), "--dead", str(dead[0])]
             info = MPI.Info.Create()
-            if args.spawn_on != "default":   # where the newcomer goes: the dead rank's host, or rank 0's
-                info.Set("host", hosts[dead[0]] if args.spawn_on == "dead" else hosts[0])
+            if args.spawn_on != "default":   # where the newcomer goes: the dead rank's host, rank 0's, or a spare
+                where = {"dead": hosts[dead[0]], "survivor": hosts[0], "spare": args.spare}[args.spawn_on]
+                info.Set("host", where)
                 info.Set("map_by", ":OVERSUBSCRIBE")
             times["spawn_host"] = None if args.spawn_on == "default" else info.Get("host")
             inter = new.Spawn(sys.executable, child + (["--finalize"] if args.finalize else []), maxprocs=len(dead),
@@ -199,13 +200,17 @@ def main():
     p.add_argument("--timeout", type=float, default=120.0, help="accept mode's launch: seconds before both jobs end")
     p.add_argument("--port-file", default=None)
     p.add_argument("--finalize", action="store_true", help="end with MPI_Finalize (default: without)")
-    p.add_argument("--spawn-on", choices=("default", "dead", "survivor"), default="default",
+    p.add_argument("--spawn-on", choices=("default", "dead", "survivor", "spare"), default="default",
                    help="spawn mode: where the newcomer goes (MPI_Info host): the launcher's choice, the dead "
-                   "rank's host, or rank 0's (across nodes, Open MPI 5.0.11: on the dead rank's host, when no "
-                   "other rank of the job lives there, the newcomer fails in MPI_Init)")
+                   "rank's host, rank 0's, or --spare (a node of the launch where no rank runs) (across nodes, "
+                   "Open MPI 5.0.11: on the dead rank's host, when no other rank of the job lives there, the "
+                   "newcomer fails in MPI_Init)")
+    p.add_argument("--spare", default=None, help="--spawn-on spare: the host (benchmarks/ulfm_spare.py)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dead", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.spawn_on == "spare" and not args.spare:
+        p.error("--spawn-on spare needs --spare HOST")
     if args.child:
         return newcomer(args)
     if args.mode == "accept" and args.port_file is None:

@@ -117,7 +117,7 @@ class Run:
         self.newcomer = newcomer   # spawned into the run in a dead rank's place (--on-failure replace)
         self.grow_pending, self.lost, self.grow_at = False, [], 0   # (replace) a failure followed, not yet replaced
         self.joining = None   # (replace) newcomers started, not yet joined: regrow.Joining
-        self.healing = None   # (replace, AGP) a heal going on beside training: handover.Healing
+        self.healing = None   # (replace, AGP) a heal going on beside training: beside.Healing
         self.hosts = []   # (replace) each rank's host, where a dead rank's replacement goes
         # Surviving a failure: evaluate at the end only, over the survivors (an evaluation's
         # collectives would meet a failure outside the algorithm's recovery).

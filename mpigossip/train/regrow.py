@@ -22,7 +22,7 @@ The donor also hands over (:func:`mpigossip.resilience.heal.handover`) what the 
 to go on as one of the others: the optimizer's state, the step, the learning-rate schedule's
 place (the step), the run's clock and its record of failures. AGP, whose ranks never wait for
 one another, heals beside training: the donor's sends go on while it trains
-(:class:`~mpigossip.train.handover.Healing`). The newcomer draws its batches
+(:class:`~mpigossip.train.beside.Healing`). The newcomer draws its batches
 from a stream of its own (the seed, its rank and the step it starts at). ``summary.json``
 records the replacement under the failure (``"replaced"``: who, the donors, the spawn's and
 the heal's seconds, the steps trained beside the newcomers' start and the pause, the rescale). A
