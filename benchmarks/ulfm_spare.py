@@ -53,7 +53,7 @@ def one(where, env, timeout):
             "spawn_host": survivors[0].get("spawn_host") if survivors else None,
             "spawn_s": survivors[0].get("spawn_s") if survivors else None,
             "newcomer": [x for x in lines if x.get("role") == "newcomer"][:1],
-            "tail": text.splitlines()[-6:] if not grew else []}
+            "tail": [x[-300:] for x in text.splitlines()[-6:]] if not grew or not exit_line or exit_line[-1] != "ulfm_spare: exit 0" else []}
 
 
 def main(argv=None):
