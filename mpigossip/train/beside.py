@@ -71,8 +71,8 @@ class Healing:
 
     ROW = 4096   # bytes of one rank's pickled part of the record
 
-    def __init__(self, run, comm, failure, record, digest, sending, *, plan, first, idle=None):
-        self.run, self.failure, self.record, self.digest = run, failure, record, digest   # (digest: of its model)
+    def __init__(self, run, comm, failure, record, mine, sending, *, plan, first, idle=None):
+        self.run, self.failure, self.record, self.mine = run, failure, record, mine   # (mine: its model's digest)
         self.sending, self.plan, self.first, self.idle = sending, plan, first, idle
         self.comm = comm   # (a duplicate of the grown communicator, this object's)
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
@@ -82,7 +82,7 @@ class Healing:
             self._gather()
 
     def _gather(self):
-        row = pickle.dumps((self.record, socket.gethostname(), self.digest), protocol=pickle.HIGHEST_PROTOCOL)
+        row = pickle.dumps((self.record, socket.gethostname(), self.mine), protocol=pickle.HIGHEST_PROTOCOL)
         if len(row) > self.ROW:
             raise RuntimeError(f"{OP}: a rank's part of the record takes {len(row)} bytes, more than {self.ROW}")
         mine = np.zeros(self.ROW, dtype=np.uint8)

@@ -66,6 +66,7 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False, bes
             part = _mixing_part(state["algo"])
             xs = [t.numpy() for t in part["numerators"]]
             ws = [float(c["weight"]) for c in part["comms"]]
+        # (the hosts now: a heal beside training whose record a failure cuts short still knows where each rank runs)
         gathered = deadline.allgather(comm, (None if new else ws, socket.gethostname()), timeout=run.timeout, op=OP)
         weights, run.hosts = [w for w, _ in gathered], [host for _, host in gathered]
         t_sync = time.perf_counter()
@@ -83,9 +84,10 @@ def heal_run(run, newcomers, state, *, spawn_s=None, t0=None, refused=False, bes
         t_split = time.perf_counter()
         with _donor_lost(streaming and new):
             ws, sent = heal.isplit(xs, ws, comm=comm, newcomers=newcomers, timeout=run.timeout, op=OP)
-        if not streaming:
+        if streaming:
+            sending.extend(sent)
+        else:
             sent.wait(comm=comm, timeout=run.timeout)
-        sending.extend(sent)
         parts["split_s"] = time.perf_counter() - t_split
     else:
         plan = heal.donors([None if r in newcomers else 1.0 for r in range(comm.Get_size())],

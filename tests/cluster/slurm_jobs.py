@@ -239,7 +239,7 @@ def test_a_killed_rank_is_survived_under_slurm(slurm, mode):
         text = log.read_text() if log.exists() else ""
         if not (mode != "continue" and attempt == "" and launcher_failed_in_the_spawn(proc, text, out)):
             break
-        print(f"({mode}) Open MPI's launcher lost a daemon during the spawn (docs/CLUSTER.md); the job once more")
+        print(f"({mode}) Open MPI's launcher failed during the spawn (docs/CLUSTER.md); the job once more")
     if mode != "continue" and proc.returncode != 0 and launcher_died_after_the_run(text, out):
         print(f"({mode}) the run ended, then Open MPI's launcher failed (exit {proc.returncode}; docs/CLUSTER.md)")
     else:
